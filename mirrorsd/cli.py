@@ -1,0 +1,112 @@
+"""The `mirrorsd` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from mirrorsd.errors import MirrorsdError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Lossless speculative decoding on one machine's chips.")
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help="Prompt text (sent through the chat template unless --raw).")],
+    target: Annotated[str, typer.Option(help="Target model: catalog name, folder, .gguf or hub id.")] = "smollm2-135m",
+    draft: Annotated[str, typer.Option(help="auto | ngram | none | a draft model (catalog name, folder, .gguf).")] = "auto",
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 256,
+    temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 samples.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (1.0 = off).")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Keep the k likeliest tokens (0 = off).")] = 0,
+    repetition_penalty: Annotated[float, typer.Option(help="> 1 discourages repeats.")] = 1.0,
+    seed: Annotated[Optional[int], typer.Option(help="Seed for sampling.")] = None,
+    num_draft_tokens: Annotated[int, typer.Option("--k", help="Draft tokens per step (start value if adaptive).")] = 8,
+    stop: Annotated[Optional[list[str]], typer.Option(help="Stop string (repeatable).")] = None,
+    device: Annotated[str, typer.Option(help="Target device: auto | cpu | cuda[:N] | mps.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
+    raw: Annotated[bool, typer.Option(help="Use the prompt as raw text, no chat template.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
+) -> None:
+    """Generate text. Output is exactly what the target alone would produce."""
+    from mirrorsd import Engine, GenerationConfig
+    from mirrorsd.results import FinishEvent
+
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                           repetition_penalty=repetition_penalty, seed=seed, num_draft_tokens=num_draft_tokens,
+                           stop=tuple(stop or ()))
+    engine = Engine.load(target=target, draft=draft, device=device, dtype=dtype, progress=True)
+    request = prompt if raw else [{"role": "user", "content": prompt}]
+    if not raw and getattr(engine.tokenizer, "chat_template", None) is None:
+        request = prompt
+    result = None
+    for event in engine.stream(request, cfg):
+        if isinstance(event, FinishEvent):
+            result = event.result
+        if not as_json:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    s = result.stats
+    if as_json:
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
+                          "stats": {"tokens_per_second": s.tokens_per_second, "acceptance_rate": s.acceptance_rate,
+                                    "mean_accepted_length": s.mean_accepted_length, "verify_steps": s.verify_steps,
+                                    "drafter": s.drafter, **s.to_dict()}}))
+    else:
+        alpha = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"
+        print(f"\n\n[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s, drafter {s.drafter}, "
+              f"acceptance {alpha}, mean accepted length {s.mean_accepted_length:.2f}, "
+              f"{s.verify_steps} verify steps, finish: {result.finish_reason}]", file=sys.stderr)
+
+
+@app.command()
+def models() -> None:
+    """List the offline catalog and what is already cached."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from mirrorsd import catalog
+
+    table = Table(title=f"catalog (cache: {catalog.cache_dir()})")
+    for col in ("name", "download", "cached", "description"):
+        table.add_column(col)
+    for entry in catalog.CATALOG.values():
+        table.add_row(entry.name, f"~{entry.approx_download_mb} MB", catalog.cached_status(entry.name),
+                      entry.description)
+    Console().print(table)
+
+
+@app.command()
+def bench(
+    target: Annotated[str, typer.Option(help="Target model.")] = "qwen2.5-coder-1.5b",
+    draft_model: Annotated[str, typer.Option(help="Draft model for the draft-model rows ('' to skip).")] = "qwen2.5-coder-0.5b",
+    prompts: Annotated[int, typer.Option(help="Number of HumanEval prompts (from 0).")] = 3,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = 64,
+    repeats: Annotated[int, typer.Option(help="Runs per configuration and prompt (median taken).")] = 1,
+    out: Annotated[str, typer.Option(help="Folder for report.json and report.md.")] = "bench-out",
+) -> None:
+    """Side-by-side speed of our runtime vs transformers on HumanEval prompts (greedy)."""
+    from mirrorsd.apps.bench import run_bench
+
+    run_bench(target=target, draft_model=draft_model or None, n_prompts=prompts, max_new_tokens=max_new_tokens,
+              repeats=repeats, out=out)
+
+
+def main() -> None:
+    try:
+        app()
+    except MirrorsdError as err:
+        print(f"mirrorsd: error: {err.message}", file=sys.stderr)
+        if err.hint:
+            print(f"  hint: {err.hint}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""GenerationConfig: every knob of one request, in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mirrorsd.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Settings for one generate/stream call. Defaults give greedy decoding with adaptive K."""
+
+    max_new_tokens: int = 256
+    """Most tokens to generate. Generation also stops at EOS, at a stop string, or at the context limit."""
+
+    temperature: float = 0.0
+    """0 means greedy (argmax; output token-identical to target-only greedy decoding). > 0 samples,
+    and speculative sampling then reproduces the target's distribution exactly."""
+
+    top_k: int = 0
+    """Keep only the k likeliest tokens before sampling (0 = off). Applied to target and draft alike."""
+
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1.0 = off)."""
+
+    repetition_penalty: float = 1.0
+    """CTRL-style penalty (>1 discourages tokens already in the context), as in transformers. Applies
+    to greedy decoding too."""
+
+    seed: int | None = None
+    """Seed for the sampling random stream. Same seed, same config, same models: same output."""
+
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends when the text contains one; it is not included in the result."""
+
+    num_draft_tokens: int = 8
+    """K (gamma): draft tokens proposed per verify step; the starting value when adaptive_k is on."""
+
+    adaptive_k: bool = True
+    """Grow K by 2 after a step where every draft token was accepted, shrink it by 1 otherwise
+    (transformers' heuristic), within [1, max_draft_tokens]."""
+
+    max_draft_tokens: int = 16
+    """Upper bound on K, whatever the schedule says."""
+
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+    """Free-form settings for experimental drafters; ignored by the core."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ConfigError(
+                f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}",
+                "ask for at least one new token, e.g. max_new_tokens=128",
+            )
+        if not (self.temperature >= 0.0) or self.temperature != self.temperature:
+            raise ConfigError(
+                f"temperature must be >= 0, got {self.temperature!r}",
+                "use 0 for greedy decoding or a positive value such as 0.7 for sampling",
+            )
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0, got {self.top_k}", "use 0 to turn top-k off")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}", "use 1.0 to turn top-p off")
+        if not (self.repetition_penalty > 0.0):
+            raise ConfigError(
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}", "use 1.0 for no penalty"
+            )
+        if self.num_draft_tokens < 0 or self.max_draft_tokens < 1:
+            raise ConfigError(
+                f"num_draft_tokens must be >= 0 and max_draft_tokens >= 1, got "
+                f"{self.num_draft_tokens} and {self.max_draft_tokens}",
+                "num_draft_tokens=0 turns drafting off; typical values are 4-16",
+            )
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,213 @@
+"""Engine: the public entry point. Text in, typed events out; the loop lives in runtime/speculative.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from mirrorsd.config import GenerationConfig
+from mirrorsd.contracts import Drafter
+from mirrorsd.errors import ConfigError, PromptError
+from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
+from mirrorsd.runtime.drafters import NGramDrafter, TorchDraftModel
+from mirrorsd.runtime.speculative import speculative_decode
+from mirrorsd.runtime.torch_model import TorchCausalLM
+from mirrorsd.tokenizer_check import check_tokenizers_match
+
+Prompt = str | Sequence[dict] | Sequence[int]
+"""A raw string, chat messages ([{"role": ..., "content": ...}], run through the chat template) or token ids."""
+
+
+class Engine:
+    """A target model plus an optional drafter. Calls are serialized: one request runs at a time
+    (a lock), so one Engine may be shared by threads. Use as a context manager or call close()."""
+
+    def __init__(self, model, tokenizer, drafter: Drafter | None = None, device: torch.device | str | None = None,
+                 name: str = "target") -> None:
+        self.verifier = TorchCausalLM(model, device)
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.name = name
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, target: str = "smollm2-135m", draft: str | Drafter | None = "auto", device: str | None = "auto",
+             dtype: str | torch.dtype | None = "auto", draft_device: str | None = None,
+             draft_dtype: str | torch.dtype | None = None, progress: bool = False) -> "Engine":
+        """Load a target and pick a drafter.
+
+        draft: "auto" (best available: today the n-gram drafter, which needs no device), "ngram",
+        "none"/None (target-only decoding through the same runtime), a model argument (catalog name,
+        folder, .gguf, hub id) for an independent torch draft model, or a Drafter instance.
+        """
+        from mirrorsd.devices import parse_dtype, resolve_device
+        from mirrorsd.models import load_model
+
+        dev = resolve_device(device)
+        model, tokenizer = load_model(target, dev, parse_dtype(dtype, dev), progress)
+        drafter = _make_drafter(draft, tokenizer, target, draft_device or device,
+                                draft_dtype or dtype, progress)
+        return cls(model, tokenizer, drafter, dev, name=target)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids for a prompt; chat messages go through the model's chat template."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise PromptError("the prompt is empty", "give some text to continue, or chat messages")
+            ids = self.tokenizer(prompt)["input_ids"]
+        elif len(prompt) and isinstance(prompt[0], dict):
+            if getattr(self.tokenizer, "chat_template", None) is None:
+                raise PromptError(f"{self.name} has no chat template", "pass a plain string prompt instead")
+            ids = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
+            if hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+        else:
+            ids = [int(t) for t in prompt]
+        ids = list(ids)
+        if not ids:
+            raise PromptError("the prompt is empty", "give some text to continue, or chat messages")
+        limit = self.verifier.max_context
+        if len(ids) >= limit:
+            raise PromptError(
+                f"the prompt is {len(ids)} tokens; {self.name}'s context window is {limit}",
+                f"shorten the prompt to under {limit} tokens (leaving room for the reply)",
+            )
+        return ids
+
+    def generate(self, prompt: Prompt, config: GenerationConfig | None = None) -> GenerationResult:
+        """Run one request to completion."""
+        for event in self.stream(prompt, config):
+            if isinstance(event, FinishEvent):
+                return event.result
+        raise AssertionError("stream ended without a FinishEvent")
+
+    def stream(self, prompt: Prompt, config: GenerationConfig | None = None) -> Iterator[Event]:
+        """TokenEvents as tokens are committed, then one FinishEvent with the whole result.
+        Closing the iterator early cancels the request."""
+        cfg = config or GenerationConfig()
+        if not isinstance(cfg, GenerationConfig):
+            raise ConfigError(f"config must be a GenerationConfig, got {type(cfg).__name__}", "")
+        ids = self.encode(prompt)
+        return self._run(ids, cfg)
+
+    def _run(self, ids: list[int], cfg: GenerationConfig) -> Iterator[Event]:
+        with self._lock:
+            start = time.perf_counter()
+            budget = min(cfg.max_new_tokens, self.verifier.max_context - len(ids))
+            recorder = StatsRecorder(len(ids))
+            text = _TextAssembler(self.tokenizer, cfg.stop)
+            tokens: list[int] = []
+            from_draft: list[bool] = []
+            finish = "length"
+            steps = speculative_decode(self.verifier, self.drafter, ids, cfg, budget)
+            try:
+                for index, step in enumerate(steps):
+                    kept = step.tokens
+                    for j, tok in enumerate(step.tokens):
+                        if tok in self.eos_ids:
+                            kept, finish = step.tokens[: j + 1], "stop"
+                            break
+                    recorder.add(step, len(kept))
+                    stats = recorder.snapshot(time.perf_counter() - start)
+                    for j, tok in enumerate(kept):
+                        tokens.append(tok)
+                        from_draft.append(j < step.n_accepted)
+                        delta, stopped = text.push(tok)
+                        yield TokenEvent(tok, delta, j < step.n_accepted, index, stats)
+                        if stopped:
+                            finish = "stop"
+                            break
+                    if finish == "stop":
+                        break
+            except GeneratorExit:
+                finish = "cancelled"
+                raise
+            finally:
+                steps.close()
+            recorder.generated = len(tokens)
+            tail = text.flush()
+            result = GenerationResult(text.text, tokens, finish, recorder.snapshot(time.perf_counter() - start),
+                                      from_draft)
+            yield FinishEvent(result, tail)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the KV caches (models are freed when the Engine is dropped)."""
+        with self._lock:
+            self.verifier.reset()
+            lm = getattr(self.drafter, "lm", None)
+            if lm is not None:
+                lm.reset()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _make_drafter(draft, target_tokenizer, target_name: str, device, dtype, progress: bool) -> Drafter | None:
+    if draft is None or draft == "none":
+        return None
+    if not isinstance(draft, str):
+        return draft  # a Drafter instance
+    if draft in ("auto", "ngram"):
+        return NGramDrafter()
+    from mirrorsd.devices import parse_dtype, resolve_device
+    from mirrorsd.models import load_model
+
+    dev = resolve_device(device)
+    model, tokenizer = load_model(draft, dev, parse_dtype(dtype, dev), progress)
+    check_tokenizers_match(target_tokenizer, tokenizer, target_name, draft)
+    return TorchDraftModel(TorchCausalLM(model, dev), name=f"torch:{dev.type}")
+
+
+def _eos_ids(model, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    gen_cfg = getattr(model, "generation_config", None)
+    eos = getattr(gen_cfg, "eos_token_id", None)
+    if eos is not None:
+        ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(int(i) for i in ids)
+
+
+class _TextAssembler:
+    """Incremental detokenisation with stop strings: never emits half a UTF-8 character, nor text
+    that might turn out to be the start of a stop string."""
+
+    def __init__(self, tokenizer, stops: tuple[str, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.stops = stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.ids: list[int] = []
+        self.text = ""
+        self.emitted = 0
+
+    def push(self, token: int) -> tuple[str, bool]:
+        self.ids.append(token)
+        self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        for stop in self.stops:
+            at = self.text.find(stop, max(0, self.emitted - len(stop)))
+            if at >= 0:
+                self.text = self.text[:at]
+                return self.flush(), True
+        end = len(self.text) - self.hold
+        while end > self.emitted and self.text[end - 1] == "\ufffd":  # a character still incomplete
+            end -= 1
+        if end <= self.emitted:
+            return "", False
+        delta, self.emitted = self.text[self.emitted:end], end
+        return delta, False
+
+    def flush(self) -> str:
+        delta, self.emitted = self.text[self.emitted:], len(self.text)
+        return delta

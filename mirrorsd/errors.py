@@ -1,0 +1,51 @@
+"""Every error mirrorsd raises on purpose: a clear message plus how to fix it.
+
+All derive from :class:`MirrorsdError`, so an embedding program can catch one type. Each carries a
+``hint`` (what to do about it), which the CLI prints under the message.
+"""
+
+from __future__ import annotations
+
+
+class MirrorsdError(Exception):
+    """Base class. ``str(err)`` is the problem; ``err.hint`` is how to fix it."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+
+
+class ConfigError(MirrorsdError, ValueError):
+    """An invalid generation setting (temperature < 0, max_new_tokens < 1, ...)."""
+
+
+class PromptError(MirrorsdError, ValueError):
+    """The prompt cannot be generated from: empty, or longer than the model's context window."""
+
+
+class ModelNotFoundError(MirrorsdError):
+    """A model argument that is neither a catalog name, a local folder, a .gguf file nor a reachable hub id."""
+
+
+class CatalogError(MirrorsdError):
+    """Fetching or building a catalog model failed (no network, checksum mismatch, bad package)."""
+
+
+class ChecksumError(CatalogError):
+    """An assembled catalog file does not have the SHA-256 the catalog promises."""
+
+
+class TokenizerMismatchError(MirrorsdError):
+    """Draft and target do not share a tokenizer, so draft token ids mean nothing to the target."""
+
+
+class RollbackUnsupportedError(MirrorsdError):
+    """The target's KV cache cannot be truncated (sliding-window or recurrent layers)."""
+
+
+class DrafterError(MirrorsdError):
+    """A drafter could not be built or returned an invalid draft."""

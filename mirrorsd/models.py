@@ -1,0 +1,60 @@
+"""Turning a model argument into a loaded transformers model and tokenizer.
+
+A model argument is one of: a catalog name (`mirrorsd models`), a local Hugging Face folder, a
+.gguf file (converted once into the cache), or a Hugging Face hub id (only where the hub is
+reachable; nothing in the tests or the default run needs it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mirrorsd import catalog
+from mirrorsd.errors import ModelNotFoundError
+
+
+def resolve_model_path(spec: str, progress: bool = False) -> str:
+    """Local folder (or hub id) that transformers can load for `spec`."""
+    if spec in catalog.CATALOG:
+        return str(catalog.ensure(spec, progress=progress))
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFoundError(f"GGUF file {spec!r} does not exist", "check the path")
+        return str(catalog.convert_gguf_file(path, progress=progress))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"{spec!r} is a folder but not a Hugging Face model folder (no config.json)",
+                "point at the folder holding config.json and the weights, or at a .gguf file",
+            )
+        return str(path)
+    looks_like_hub_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not path.exists()
+    if looks_like_hub_id:
+        return spec
+    raise ModelNotFoundError(
+        f"unknown model {spec!r}: not a catalog name, a local model folder, a .gguf file or a hub id",
+        f"catalog models that work offline: {', '.join(catalog.CATALOG)} (see `mirrorsd models`)",
+    )
+
+
+def load_model(spec: str, device: torch.device, dtype: torch.dtype, progress: bool = False):
+    """(model, tokenizer) for a model argument, on `device` in `dtype`, in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    if not progress:
+        hf_logging.disable_progress_bar()
+    path = resolve_model_path(spec, progress=progress)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as exc:
+        raise ModelNotFoundError(
+            f"could not load model {spec!r}: {str(exc).splitlines()[0]}",
+            "hub ids need a reachable Hugging Face hub; offline, use a catalog name "
+            f"({', '.join(catalog.CATALOG)}), a local folder or a .gguf file",
+        ) from exc
+    return model.to(device).eval(), tokenizer

@@ -1,0 +1,146 @@
+"""What generate/stream hand back: typed events, the final result and its statistics."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Speculation statistics of one request (a snapshot; events carry the running one)."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    verify_steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    total_time_s: float = 0.0
+    per_position_drafted: tuple[int, ...] = ()
+    per_position_accepted: tuple[int, ...] = ()
+    drafters: dict[str, int] = field(default_factory=dict)  # source -> verify steps it served
+    fallbacks: tuple[str, ...] = ()  # drafters dropped during the request, with the reason
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second of wall time, prompt processing included."""
+        return self.generated_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens (alpha as measured); None when nothing was drafted."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Committed tokens per verify step (1.0 = no gain over plain decoding)."""
+        return self.generated_tokens / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """For draft position i: accepted / drafted at that position."""
+        return [a / d for a, d in zip(self.per_position_accepted, self.per_position_drafted) if d]
+
+    @property
+    def drafter(self) -> str:
+        """The drafter that served most steps ("none" if no step was drafted)."""
+        drafted = {k: v for k, v in self.drafters.items() if k != "none"}
+        return max(drafted, key=drafted.get) if drafted else "none"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            tokens_per_second=self.tokens_per_second,
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_length=self.mean_accepted_length,
+            per_position_acceptance=self.per_position_acceptance,
+            drafter=self.drafter,
+        )
+        return d
+
+
+class StatsRecorder:
+    """Accumulates Steps into GenerationStats."""
+
+    def __init__(self, prompt_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.generated = self.steps = self.drafted = self.accepted = 0
+        self.draft_time = self.verify_time = 0.0
+        self.pos_drafted: list[int] = []
+        self.pos_accepted: list[int] = []
+        self.drafters: Counter[str] = Counter()
+        self.fallbacks: list[str] = []
+
+    def add(self, step, committed_tokens: int) -> None:
+        self.steps += 1
+        self.generated += committed_tokens
+        self.drafted += step.n_drafted
+        self.accepted += step.n_accepted
+        self.draft_time += step.draft_time
+        self.verify_time += step.verify_time
+        self.drafters[step.source] += 1
+        if step.fallback:
+            self.fallbacks.append(step.fallback)
+        while len(self.pos_drafted) < step.n_drafted:
+            self.pos_drafted.append(0)
+            self.pos_accepted.append(0)
+        for i in range(step.n_drafted):
+            self.pos_drafted[i] += 1
+            self.pos_accepted[i] += i < step.n_accepted
+
+    def snapshot(self, total_time: float) -> GenerationStats:
+        return GenerationStats(
+            prompt_tokens=self.prompt_tokens,
+            generated_tokens=self.generated,
+            verify_steps=self.steps,
+            drafted_tokens=self.drafted,
+            accepted_tokens=self.accepted,
+            draft_time_s=self.draft_time,
+            verify_time_s=self.verify_time,
+            total_time_s=total_time,
+            per_position_drafted=tuple(self.pos_drafted),
+            per_position_accepted=tuple(self.pos_accepted),
+            drafters=dict(self.drafters),
+            fallbacks=tuple(self.fallbacks),
+        )
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One committed token, as it streams."""
+
+    token_id: int
+    text: str  # new text this token completes ("" while a multi-byte character is still partial)
+    from_draft: bool  # True if a drafter proposed it and the target accepted it
+    step: int  # index of the verify step that committed it
+    stats: GenerationStats  # running statistics after that step
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (EOS or stop string), "length" (max_new_tokens or context), "cancelled"
+    stats: GenerationStats
+    from_draft: list[bool] = field(default_factory=list)  # per token in token_ids
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+                "stats": self.stats.to_dict()}
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """Last event of a stream: the whole result. `text` is "" so `print(event.text)` loops work."""
+
+    result: GenerationResult
+    text: str = ""
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self.result.stats
+
+
+Event = TokenEvent | FinishEvent

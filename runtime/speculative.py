@@ -1,0 +1,88 @@
+"""The draft-verify loop: the whole of speculative decoding in one generator.
+
+Each step: the drafter proposes up to K tokens, the verifier scores the last committed token plus
+the draft in one forward pass, `verify` keeps the accepted prefix plus one target token, and the
+tokens are committed. Rollback is implicit: the verifier's next `score` truncates its KV cache to
+the committed history, and drafters reconcile against it the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mirrorsd.config import GenerationConfig
+from mirrorsd.contracts import Draft, Drafter, Verifier
+from mirrorsd.runtime.schedule import DraftLengthSchedule
+from mirrorsd.verify import verify
+
+log = logging.getLogger("mirrorsd")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One verify step's outcome."""
+
+    tokens: list[int]  # committed this step: accepted draft tokens + correction/bonus
+    n_drafted: int
+    n_accepted: int
+    source: str  # drafter that served this step ("none" for a plain decode step)
+    draft_time: float  # seconds spent in propose()
+    verify_time: float  # seconds spent in score() + verify()
+    fallback: str | None = None  # why a drafter was dropped during this step, if it was
+
+
+def speculative_decode(
+    verifier: Verifier,
+    drafter: Drafter | None,
+    prompt_ids: Sequence[int],
+    config: GenerationConfig,
+    max_new_tokens: int,
+) -> Iterator[Step]:
+    """Yield Steps until max_new_tokens are committed (the caller stops early on EOS/stop strings)."""
+    rng = np.random.default_rng(config.seed)
+    committed = list(prompt_ids)
+    schedule = DraftLengthSchedule(config)
+    if drafter is not None:
+        drafter.start(config)
+    generated = 0
+    while generated < max_new_tokens:
+        # The step commits at most k + 1 tokens; never draft past the budget or the context.
+        budget = min(schedule.k, max_new_tokens - generated - 1, verifier.max_context - len(committed) - 1)
+        fallback = None
+        t0 = time.perf_counter()
+        draft = Draft.empty()
+        if drafter is not None and budget > 0:
+            try:
+                draft = drafter.propose(committed, budget)
+                _check_draft(draft, budget, verifier.vocab_size)
+            except Exception as exc:  # a failing drafter costs speed, never output
+                fallback = f"drafter {getattr(drafter, 'name', drafter)!r} dropped: {exc}"
+                log.warning("%s; continuing without drafting", fallback)
+                drafter, draft = None, Draft.empty()
+        t1 = time.perf_counter()
+        logits = verifier.score(committed, draft.tokens)  # [k+1, V]
+        n_accepted, new_tokens = verify(draft, logits, config, rng, history=committed)
+        t2 = time.perf_counter()
+        committed.extend(new_tokens)
+        generated += len(new_tokens)
+        if drafter is not None:
+            drafter.accepted(committed, n_accepted)
+        schedule.update(len(draft.tokens), n_accepted)
+        yield Step(new_tokens, len(draft.tokens), n_accepted, draft.source if draft.tokens else "none",
+                   t1 - t0, t2 - t1, fallback)
+
+
+def _check_draft(draft: Draft, budget: int, vocab_size: int) -> None:
+    """A draft must be short enough, in-vocabulary and carry one q row per token."""
+    k = len(draft.tokens)
+    if k > budget:
+        raise ValueError(f"proposed {k} tokens, more than the {budget} asked for")
+    if any(not (0 <= int(t) < vocab_size) for t in draft.tokens):
+        raise ValueError(f"proposed token ids outside the target vocabulary [0, {vocab_size})")
+    if draft.probs is not None and draft.probs.shape[0] != k:
+        raise ValueError(f"draft probs have {draft.probs.shape[0]} rows for {k} tokens")

@@ -1,0 +1,110 @@
+"""A transformers causal LM on one torch device with a truncatable KV cache.
+
+The verifier is one of these; so is the state of the torch draft-model drafter. `score` reconciles
+the cache with the caller's token history (longest common prefix, then truncate), feeds only what
+the cache lacks, and returns logits for the last committed token and each draft token. Rollback
+after a rejection is therefore implicit: the next call truncates to what was committed.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from mirrorsd.errors import PromptError, RollbackUnsupportedError
+
+
+class TorchCausalLM:
+    """Verifier protocol implementation: score(committed, draft) -> [k+1, V], truncate(length)."""
+
+    def __init__(self, model: PreTrainedModel, device: torch.device | str | None = None) -> None:
+        self.model = model.eval()
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        if next(model.parameters()).device != self.device:
+            self.model.to(self.device)
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
+        self.max_context: int = int(getattr(cfg, "max_position_embeddings", 0) or 1 << 30)
+        self._check_rollback(cfg)
+        # transformers >= 5.2x renamed the forward argument past_key_values -> cache.
+        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache: DynamicCache | None = None
+        self._cached: list[int] = []  # token ids whose keys/values are in the cache
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def _check_rollback(self, cfg) -> None:
+        """Speculative decoding drops rejected positions from the cache. Full attention truncates
+        exactly; sliding-window attention only until the window fills, so the usable context is capped
+        there; recurrent or linear-attention state cannot be rolled back at all and is refused."""
+        layer_types = set(getattr(cfg, "layer_types", None) or [])
+        unsupported = layer_types - {"full_attention", "sliding_attention"}
+        if unsupported:
+            raise RollbackUnsupportedError(
+                f"{cfg.model_type} has layers of type {sorted(unsupported)} whose cache cannot be "
+                "truncated after a rejected draft",
+                "use a transformer with attention layers only as the target or draft",
+            )
+        sliding = getattr(cfg, "sliding_window", None)
+        if sliding and (getattr(cfg, "use_sliding_window", True) or "sliding_attention" in layer_types):
+            self.max_context = min(self.max_context, int(sliding))
+
+    def reset(self) -> None:
+        self._cache = None
+        self._cached = []
+
+    def truncate(self, length: int) -> None:
+        """Drop cached positions >= length (a no-op when the cache is already that short)."""
+        if length < 0:
+            raise ValueError(f"cannot truncate to a negative length ({length})")
+        extra = len(self._cached) - length
+        if extra <= 0:
+            return
+        if length == 0:
+            self.reset()
+            return
+        self._cache.crop(-extra)
+        del self._cached[length:]
+
+    def _common_prefix(self, tokens: Sequence[int]) -> int:
+        n = len(self._cached)
+        if len(tokens) >= n and list(tokens[:n]) == self._cached:
+            return n
+        i = 0
+        for a, b in zip(self._cached, tokens):
+            if a != b:
+                break
+            i += 1
+        return i
+
+    @torch.inference_mode()
+    def score(self, committed: Sequence[int], draft: Sequence[int] = ()) -> torch.Tensor:
+        """Logits [k+1, V] (float32): row i is the distribution after committed + draft[:i]."""
+        if not committed:
+            raise PromptError("cannot score an empty context", "give the model at least one prompt token")
+        tokens = list(committed) + list(draft)
+        if len(tokens) > self.max_context:
+            raise PromptError(
+                f"{len(tokens)} tokens exceed the model's context window of {self.max_context}",
+                "shorten the prompt or lower max_new_tokens",
+            )
+        # Keep at least the last committed token to feed: its logits start the result.
+        keep = min(self._common_prefix(tokens), len(committed) - 1)
+        self.truncate(keep)
+        new = tokens[keep:]
+        if self._cache is None:
+            self._cache = DynamicCache(config=self.model.config)
+        input_ids = torch.tensor([new], dtype=torch.long, device=self.device)  # [1, n_new]
+        out = self.model(
+            input_ids=input_ids,
+            **{self._cache_kwarg: self._cache},
+            use_cache=True,
+            logits_to_keep=len(draft) + 1,
+        )
+        self._cached.extend(new)
+        return out.logits[0, -(len(draft) + 1):].float()  # [k+1, V]

@@ -1,0 +1,73 @@
+"""Tiny real models for fast tests: a byte-level BPE tokenizer trained in-process and 2-layer Llamas."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+CORPUS = [
+    "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n    pivot = arr[0]\n",
+    "The quick brown fox jumps over the lazy dog. Hello world! Speculative decoding is lossless.",
+    "import numpy as np\nfor i in range(10):\n    print(i * 2)\n",
+    '{"name": "mirrorsd", "fast": true, "tokens": [1, 2, 3]}',
+]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def make_tokenizer(vocab_size: int = 300, corpus=CORPUS):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def make_model(tokenizer, seed: int, sharpness: float = 1.0, layers: int = 2):
+    """A random 2-layer Llama; sharpness scales the LM head so distributions are peaked, not uniform."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+                      tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpness)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def target_model(tokenizer):
+    return make_model(tokenizer, seed=0, sharpness=30.0)
+
+
+@pytest.fixture(scope="session")
+def other_model(tokenizer):
+    """Same tokenizer, different random weights: a draft that is almost never right."""
+    return make_model(tokenizer, seed=1, sharpness=30.0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_hub():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)

@@ -1,0 +1,50 @@
+"""Real drafters with known behaviour, for the end-to-end tests."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from mirrorsd import Draft, GenerationConfig
+
+
+class RandomTokenDrafter:
+    """Proposes uniformly random tokens: almost every draft is rejected, so rollback runs every step."""
+
+    name = "random"
+
+    def __init__(self, vocab_size: int, seed: int = 0) -> None:
+        self.vocab_size = vocab_size
+        self.rng = np.random.default_rng(seed)
+
+    def start(self, config: GenerationConfig) -> None:
+        pass
+
+    def propose(self, committed, max_tokens):
+        return Draft([int(t) for t in self.rng.integers(0, self.vocab_size, max_tokens)], None, self.name)
+
+    def accepted(self, committed, n_accepted):
+        pass
+
+
+class FailingDrafter(RandomTokenDrafter):
+    """Works for `good_steps` proposals, then misbehaves in the chosen way."""
+
+    name = "failing"
+
+    def __init__(self, vocab_size: int, how: str, good_steps: int = 2) -> None:
+        super().__init__(vocab_size)
+        self.how, self.left = how, good_steps
+
+    def propose(self, committed, max_tokens):
+        self.left -= 1
+        if self.left >= 0:
+            return super().propose(committed, max_tokens)
+        if self.how == "raise":
+            raise RuntimeError("NPU went away")
+        if self.how == "garbage":
+            return Draft([self.vocab_size + 5] * max_tokens, None, self.name)
+        if self.how == "too-long":
+            return Draft([0] * (max_tokens + 3), None, self.name)
+        raise AssertionError(self.how)

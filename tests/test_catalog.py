@@ -1,0 +1,52 @@
+"""The offline catalog's fetch, checksum and cache-integrity logic, on real registry packages."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from mirrorsd import catalog
+from mirrorsd.catalog import CatalogEntry
+from mirrorsd.errors import CatalogError, ChecksumError
+
+# A tiny, stable package from the same registry the models come from.
+SIX = ("six==1.16.0", "six.py")
+
+
+def test_assemble_checks_the_sha256(tmp_path):
+    data = catalog.fetch_wheel_member(*SIX, dest=tmp_path, progress=False).read_bytes()
+    good = CatalogEntry("six", "test", (SIX,), hashlib.sha256(data).hexdigest(), 1)
+    assert catalog._assemble(good, tmp_path, progress=False).read_bytes() == data
+    bad = CatalogEntry("six", "test", (SIX,), "0" * 64, 1)
+    with pytest.raises(ChecksumError, match="expected 0000"):
+        catalog._assemble(bad, tmp_path, progress=False)
+
+
+def test_unreachable_or_missing_package_is_a_clear_error(tmp_path):
+    with pytest.raises(CatalogError, match="could not download") as info:
+        catalog.fetch_wheel_member("mirrorsd-no-such-package-zz==0.0.1", "x", tmp_path, progress=False)
+    assert "package registry" in info.value.hint
+
+
+def test_unknown_catalog_name():
+    with pytest.raises(CatalogError, match="unknown catalog model"):
+        catalog.ensure("gpt-17")
+
+
+def test_truncated_or_unfinished_cache_entries_are_detected(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path))
+    root = catalog.entry_dir("smollm2-135m")
+    assert catalog.cached_status("smollm2-135m") == "missing"
+    (root / "hf").mkdir(parents=True)
+    weights = root / "hf" / "model.safetensors"
+    weights.write_bytes(b"x" * 1000)
+    assert "did not finish" in catalog.cached_status("smollm2-135m")
+    catalog._write_manifest(root, catalog.CATALOG["smollm2-135m"])
+    assert catalog.cached_status("smollm2-135m") == "ready"
+    assert json.loads((root / "complete.json").read_text())["files"] == {"hf/model.safetensors": 1000}
+    weights.write_bytes(b"x" * 10)  # truncated copy
+    assert "truncated" in catalog.cached_status("smollm2-135m")
+    weights.unlink()
+    assert "missing" in catalog.cached_status("smollm2-135m")

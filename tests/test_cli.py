@@ -1,0 +1,62 @@
+"""The mirrorsd command line, run as a user runs it (a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import make_model
+
+CLI = [sys.executable, "-m", "mirrorsd.cli"]
+
+
+def run(*args, env=None):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory, tokenizer):
+    folder = tmp_path_factory.mktemp("tiny")
+    make_model(tokenizer, seed=0, sharpness=30.0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_generate_json_on_a_local_folder_matches_target_only(tiny_folder):
+    common = ["--target", str(tiny_folder), "--max-new-tokens", "24", "--json", "--raw", "--dtype", "float32"]
+    spec = run("generate", *common, "--draft", "ngram", "def f(x): return x")
+    plain = run("generate", *common, "--draft", "none", "def f(x): return x")
+    assert spec.returncode == 0, spec.stderr
+    a, b = json.loads(spec.stdout), json.loads(plain.stdout)
+    assert a["token_ids"] == b["token_ids"] and len(a["token_ids"]) >= 1
+    for key in ("tokens_per_second", "acceptance_rate", "mean_accepted_length", "verify_steps", "drafter"):
+        assert key in a["stats"]
+    assert b["stats"]["drafter"] == "none"
+
+
+def test_bad_arguments_give_a_message_not_a_traceback(tiny_folder):
+    bad_model = run("generate", "--target", "no-such-model", "hi")
+    assert bad_model.returncode == 2 and "unknown model" in bad_model.stderr and "Traceback" not in bad_model.stderr
+    bad_temp = run("generate", "--target", str(tiny_folder), "--temperature", "-1", "hi")
+    assert bad_temp.returncode == 2 and "temperature" in bad_temp.stderr and "Traceback" not in bad_temp.stderr
+
+
+def test_models_lists_the_catalog(tmp_path):
+    out = run("models", env={"MIRRORSD_CACHE": str(tmp_path), "COLUMNS": "200"})
+    assert out.returncode == 0
+    for name in ("smollm2-135m", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"):
+        assert name in out.stdout
+    assert "missing" in out.stdout
+
+
+@pytest.mark.integration
+def test_default_generate_runs_offline_on_smollm2():
+    out = run("generate", "--max-new-tokens", "16", "--json", "Say hello.")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["text"] and result["stats"]["drafter"] in ("ngram", "none")

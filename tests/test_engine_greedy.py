@@ -1,0 +1,139 @@
+"""Tier 3: end-to-end greedy token-equality with target-only decoding and with transformers' generate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mirrorsd import Engine, FinishEvent, GenerationConfig, TokenEvent
+from mirrorsd.runtime.drafters import NGramDrafter, TorchDraftModel
+from mirrorsd.runtime.torch_model import TorchCausalLM
+from drafters_for_tests import FailingDrafter, RandomTokenDrafter
+
+PROMPTS = ["def quicksort(arr):\n", "The quick brown fox", "import numpy as np\nfor i in range(10):"]
+
+
+def hf_greedy(model, tokenizer, prompt: str, n: int, **kw) -> list[int]:
+    ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+    out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, **kw)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def make_drafter(kind, target_model, other_model, tokenizer):
+    if kind == "none":
+        return None
+    if kind == "self":
+        return TorchDraftModel(TorchCausalLM(target_model))
+    if kind == "other-model":
+        return TorchDraftModel(TorchCausalLM(other_model))
+    if kind == "random":
+        return RandomTokenDrafter(len(tokenizer))
+    if kind == "ngram":
+        return NGramDrafter(max_ngram=3, min_ngram=1)
+    raise AssertionError(kind)
+
+
+def no_eos(tokenizer):
+    return GenerationConfig(max_new_tokens=40)
+
+
+@pytest.mark.parametrize("kind", ["none", "self", "other-model", "random", "ngram"])
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_greedy_output_equals_target_only_and_transformers(kind, adaptive, target_model, other_model, tokenizer):
+    engine = Engine(target_model, tokenizer, make_drafter(kind, target_model, other_model, tokenizer))
+    engine.eos_ids = frozenset()  # run the full length so every step is compared
+    cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=4, adaptive_k=adaptive)
+    for prompt in PROMPTS:
+        expected = hf_greedy(target_model, tokenizer, prompt, 40)
+        result = engine.generate(prompt, cfg)
+        assert result.token_ids == expected, prompt
+        s = result.stats
+        assert s.generated_tokens == 40 and s.verify_steps >= 1
+        if kind == "self":  # the target drafting for itself: every draft token is accepted
+            assert s.acceptance_rate == 1.0 and s.mean_accepted_length > 3
+        if kind in ("random", "other-model"):  # rejections happened, so rollback was exercised
+            assert s.drafted_tokens > 0 and s.accepted_tokens < s.drafted_tokens
+
+
+def test_rollback_then_regenerate_reuses_the_cache_correctly(target_model, tokenizer):
+    """A random drafter makes the verifier roll back almost every step; a second request on the same
+    engine (cache reconciled by common prefix) must produce the same tokens again."""
+    engine = Engine(target_model, tokenizer, RandomTokenDrafter(len(tokenizer)))
+    engine.eos_ids = frozenset()
+    cfg = GenerationConfig(max_new_tokens=30, num_draft_tokens=6, adaptive_k=False)
+    first = engine.generate(PROMPTS[0], cfg).token_ids
+    second = engine.generate(PROMPTS[0], cfg).token_ids
+    other = engine.generate(PROMPTS[1], cfg).token_ids
+    assert first == second == hf_greedy(target_model, tokenizer, PROMPTS[0], 30)
+    assert other == hf_greedy(target_model, tokenizer, PROMPTS[1], 30)
+
+
+def test_repetition_penalty_matches_transformers(target_model, other_model, tokenizer):
+    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    engine.eos_ids = frozenset()
+    result = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=30, repetition_penalty=1.3))
+    assert result.token_ids == hf_greedy(target_model, tokenizer, PROMPTS[0], 30, repetition_penalty=1.3)
+
+
+@pytest.mark.parametrize("how", ["raise", "garbage", "too-long"])
+def test_failing_drafter_is_dropped_and_output_is_unchanged(how, target_model, tokenizer):
+    engine = Engine(target_model, tokenizer, FailingDrafter(len(tokenizer), how))
+    engine.eos_ids = frozenset()
+    result = engine.generate(PROMPTS[2], GenerationConfig(max_new_tokens=25, num_draft_tokens=3))
+    assert result.token_ids == hf_greedy(target_model, tokenizer, PROMPTS[2], 25)
+    assert len(result.stats.fallbacks) == 1 and "failing" in result.stats.fallbacks[0]
+
+
+def test_stream_events_carry_text_provenance_and_stats(target_model, tokenizer):
+    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(target_model)))
+    engine.eos_ids = frozenset()
+    events = list(engine.stream(PROMPTS[0], GenerationConfig(max_new_tokens=20)))
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    finish = events[-1]
+    assert isinstance(finish, FinishEvent) and len(tokens) == 20
+    assert "".join(e.text for e in events) == finish.result.text
+    assert finish.result.text == tokenizer.decode(finish.result.token_ids, skip_special_tokens=True)
+    assert [e.from_draft for e in tokens] == finish.result.from_draft
+    assert any(e.from_draft for e in tokens)  # a self-draft: most tokens came from the draft
+    assert not tokens[0].from_draft or tokens[0].step == 0
+    assert tokens[-1].stats.verify_steps == finish.stats.verify_steps
+
+
+def test_stop_string_ends_generation_without_the_stop_text(target_model, tokenizer):
+    engine = Engine(target_model, tokenizer, NGramDrafter())
+    engine.eos_ids = frozenset()
+    full = engine.generate(PROMPTS[1], GenerationConfig(max_new_tokens=30)).text
+    stop = full[10:14]
+    assert stop and full.find(stop) == 10
+    result = engine.generate(PROMPTS[1], GenerationConfig(max_new_tokens=30, stop=(stop,)))
+    assert result.text == full[:10] and result.finish_reason == "stop"
+
+
+def test_eos_stops_generation(target_model, tokenizer):
+    engine = Engine(target_model, tokenizer, None)
+    engine.eos_ids = frozenset()
+    tokens = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=12)).token_ids
+    engine.eos_ids = frozenset({tokens[5]})  # pretend the 6th token is end-of-sequence
+    result = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=12))
+    assert result.token_ids == tokens[: tokens.index(tokens[5]) + 1] and result.finish_reason == "stop"
+
+
+def test_closing_the_stream_cancels_and_leaves_the_engine_usable(target_model, tokenizer):
+    engine = Engine(target_model, tokenizer, NGramDrafter())
+    engine.eos_ids = frozenset()
+    stream = engine.stream(PROMPTS[0], GenerationConfig(max_new_tokens=30))
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    assert engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=30)).token_ids == \
+        hf_greedy(target_model, tokenizer, PROMPTS[0], 30)
+
+
+def test_chat_messages_use_the_chat_template(target_model, tokenizer):
+    engine = Engine(target_model, tokenizer, None)
+    messages = [{"role": "user", "content": "hi"}]
+    expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(expected, "keys"):
+        expected = expected["input_ids"]
+    assert engine.encode(messages) == list(expected)

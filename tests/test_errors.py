@@ -1,0 +1,93 @@
+"""Bad input: each a clear mirrorsd error type, with a message and a hint."""
+
+from __future__ import annotations
+
+import pytest
+
+from mirrorsd import (ConfigError, Engine, GenerationConfig, MirrorsdError, ModelNotFoundError, PromptError,
+                      RollbackUnsupportedError, TokenizerMismatchError)
+from mirrorsd.runtime.torch_model import TorchCausalLM
+from mirrorsd.tokenizer_check import check_tokenizers_match
+from conftest import make_model, make_tokenizer
+
+
+def test_empty_prompt(target_model, tokenizer):
+    engine = Engine(target_model, tokenizer)
+    for empty in ("", [], ()):
+        with pytest.raises(PromptError, match="empty"):
+            engine.generate(empty)
+
+
+def test_prompt_longer_than_the_context_window(target_model, tokenizer):
+    engine = Engine(target_model, tokenizer)
+    with pytest.raises(PromptError, match="context window is 256") as info:
+        engine.generate("hello world " * 200)
+    assert "shorten the prompt" in info.value.hint
+
+
+def test_generation_stops_at_the_context_limit(target_model, tokenizer):
+    engine = Engine(target_model, tokenizer)
+    engine.eos_ids = frozenset()
+    ids = tokenizer("hello world " * 20)["input_ids"]
+    result = engine.generate(ids, GenerationConfig(max_new_tokens=500))
+    assert len(ids) + len(result.token_ids) == 256 and result.finish_reason == "length"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"max_new_tokens": -3}, "max_new_tokens"),
+    ({"temperature": -0.5}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_k": -1}, "top_k"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty"),
+])
+def test_invalid_generation_settings(kwargs, match):
+    with pytest.raises(ConfigError, match=match) as info:
+        GenerationConfig(**kwargs)
+    assert info.value.hint and isinstance(info.value, ValueError)
+
+
+def test_unknown_model_names_the_catalog():
+    with pytest.raises(ModelNotFoundError) as info:
+        Engine.load(target="no-such-model-anywhere")
+    assert "smollm2-135m" in info.value.hint
+
+
+def test_folder_that_is_not_a_model(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        Engine.load(target=str(tmp_path))
+
+
+def test_missing_gguf_file(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        Engine.load(target=str(tmp_path / "model.gguf"))
+
+
+def test_mismatched_tokenizers_are_refused(tokenizer):
+    other = make_tokenizer(corpus=["completely different text, other merges " * 3, "zzz yyy xxx"])
+    with pytest.raises(TokenizerMismatchError) as info:
+        check_tokenizers_match(tokenizer, other, "tiny-target", "tiny-draft")
+    assert "tiny-draft" in str(info.value) and "ngram" in info.value.hint
+    check_tokenizers_match(tokenizer, make_tokenizer())  # the same training gives the same tokenizer
+
+
+def test_mismatched_draft_model_folder_is_refused_at_load(tmp_path, tokenizer):
+    other_tok = make_tokenizer(corpus=["completely different text, other merges " * 3, "zzz yyy xxx"])
+    for name, tok, seed in (("target", tokenizer, 0), ("draft", other_tok, 1)):
+        make_model(tok, seed).save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    with pytest.raises(TokenizerMismatchError):
+        Engine.load(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"), dtype="float32")
+
+
+def test_model_whose_cache_cannot_roll_back_is_refused(tokenizer):
+    model = make_model(tokenizer, 0)
+    model.config.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(RollbackUnsupportedError, match="linear_attention"):
+        TorchCausalLM(model)
+
+
+def test_all_errors_share_one_base():
+    for cls in (ConfigError, PromptError, ModelNotFoundError, TokenizerMismatchError, RollbackUnsupportedError):
+        assert issubclass(cls, MirrorsdError)

@@ -1,0 +1,75 @@
+"""The same guarantees on a real trained model: smollm2-135m from the offline catalog (CI runs these)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mirrorsd import Engine, GenerationConfig, catalog
+from mirrorsd.runtime.drafters import NGramDrafter, TorchDraftModel
+from mirrorsd.runtime.torch_model import TorchCausalLM
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = [
+    [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}],
+    [{"role": "user", "content": "List three colors, one per line, then repeat the list."}],
+    [{"role": "user", "content": "Explain what a hash map is in two sentences."}],
+]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    engine = Engine.load(target="smollm2-135m", draft="none")  # default dtype: float32
+    yield engine
+    engine.close()
+
+
+def hf_greedy(engine, ids, n):
+    out = engine.verifier.model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                                         eos_token_id=None, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("kind", ["ngram", "self-draft"])
+def test_greedy_equality_on_smollm2(smol, kind):
+    smol.eos_ids, saved = frozenset(), smol.eos_ids
+    cfg = GenerationConfig(max_new_tokens=48)
+    try:
+        for messages in PROMPTS:
+            ids = smol.encode(messages)
+            smol.drafter = None
+            target_only = smol.generate(ids, cfg)
+            assert target_only.token_ids == hf_greedy(smol, ids, 48)
+            smol.drafter = NGramDrafter() if kind == "ngram" else TorchDraftModel(TorchCausalLM(smol.verifier.model))
+            spec = smol.generate(ids, cfg)
+            assert spec.token_ids == target_only.token_ids, messages
+            if kind == "self-draft":
+                assert spec.stats.mean_accepted_length > 2.5
+    finally:
+        smol.eos_ids, smol.drafter = saved, None
+
+
+def test_chat_generation_stops_at_eos_with_readable_text(smol):
+    smol.drafter = NGramDrafter()
+    result = smol.generate(PROMPTS[2], GenerationConfig(max_new_tokens=200))
+    smol.drafter = None
+    assert result.finish_reason == "stop" and "hash" in result.text.lower()
+    assert result.token_ids[-1] in smol.eos_ids
+
+
+def test_truncated_cache_entry_is_rebuilt(tmp_path, monkeypatch):
+    """Copy the built entry, truncate its weights: the next load notices and rebuilds it."""
+    import shutil
+
+    src = catalog.entry_dir("smollm2-135m")
+    monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path))
+    dst = catalog.entry_dir("smollm2-135m")
+    shutil.copytree(src, dst)
+    weights = dst / "hf" / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(1000)
+    assert "truncated" in catalog.cached_status("smollm2-135m")
+    catalog.ensure("smollm2-135m", progress=False)
+    assert catalog.cached_status("smollm2-135m") == "ready"
+    assert weights.stat().st_size == (src / "hf" / "model.safetensors").stat().st_size
