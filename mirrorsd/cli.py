@@ -28,6 +28,7 @@ def generate(
     num_draft_tokens: Annotated[int, typer.Option("--k", help="Draft tokens per step (start value if adaptive).")] = 8,
     stop: Annotated[Optional[list[str]], typer.Option(help="Stop string (repeatable).")] = None,
     device: Annotated[str, typer.Option(help="Target device: auto | cpu | cuda[:N] | mps.")] = "auto",
+    draft_device: Annotated[Optional[str], typer.Option(help="Draft model device (default: same as --device).")] = None,
     dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
     raw: Annotated[bool, typer.Option(help="Use the prompt as raw text, no chat template.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
@@ -39,7 +40,8 @@ def generate(
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                            repetition_penalty=repetition_penalty, seed=seed, num_draft_tokens=num_draft_tokens,
                            stop=tuple(stop or ()))
-    engine = Engine.load(target=target, draft=draft, device=device, dtype=dtype, progress=True)
+    engine = Engine.load(target=target, draft=draft, device=device, dtype=dtype, draft_device=draft_device,
+                         progress=True)
     request = prompt if raw else [{"role": "user", "content": prompt}]
     if not raw and getattr(engine.tokenizer, "chat_template", None) is None:
         request = prompt
@@ -52,10 +54,7 @@ def generate(
             sys.stdout.flush()
     s = result.stats
     if as_json:
-        print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-                          "stats": {"tokens_per_second": s.tokens_per_second, "acceptance_rate": s.acceptance_rate,
-                                    "mean_accepted_length": s.mean_accepted_length, "verify_steps": s.verify_steps,
-                                    "drafter": s.drafter, **s.to_dict()}}))
+        print(json.dumps(result.to_dict()))
     else:
         alpha = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"
         print(f"\n\n[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s, drafter {s.drafter}, "

