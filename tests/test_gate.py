@@ -1,0 +1,43 @@
+"""The speculation gate on synthetic step timings."""
+
+from mirrorsd.runtime.schedule import SpeculationGate
+
+
+def run_steps(gate, n, drafted_rate, plain_rate):
+    """Feed n steps; return how many of them drafted."""
+    drafted = 0
+    for _ in range(n):
+        if gate.should_draft():
+            drafted += 1
+            gate.record(True, 1, 1 / drafted_rate)
+        else:
+            gate.record(False, 1, 1 / plain_rate)
+    return drafted
+
+
+def test_drafting_that_pays_is_never_paused():
+    gate = SpeculationGate()
+    gate.record(False, 1, 0.05)  # a plain step: 20 tok/s
+    assert run_steps(gate, 100, drafted_rate=50, plain_rate=20) == 100
+
+
+def test_drafting_that_costs_is_paused_and_probed_with_growing_backoff():
+    gate = SpeculationGate(min_backoff=4, max_backoff=16)
+    gate.record(False, 1, 0.05)  # plain: 20 tok/s
+    drafted = run_steps(gate, 200, drafted_rate=10, plain_rate=20)
+    assert 3 <= drafted <= 20  # a few probes, not every step
+    assert gate.backoff == 16
+
+
+def test_drafting_resumes_when_it_pays_again():
+    gate = SpeculationGate(min_backoff=4, max_backoff=16)
+    gate.record(False, 1, 0.05)
+    run_steps(gate, 50, drafted_rate=10, plain_rate=20)
+    assert run_steps(gate, 100, drafted_rate=60, plain_rate=20) >= 80
+    assert gate.backoff == 4
+
+
+def test_disabled_gate_always_drafts():
+    gate = SpeculationGate(enabled=False)
+    gate.record(False, 1, 0.01)
+    assert run_steps(gate, 30, drafted_rate=1, plain_rate=100) == 30
