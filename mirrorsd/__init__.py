@@ -12,6 +12,7 @@ from mirrorsd.errors import (
     CatalogError,
     ChecksumError,
     ConfigError,
+    DatastoreError,
     DrafterError,
     MirrorsdError,
     ModelNotFoundError,
@@ -24,7 +25,7 @@ from mirrorsd.verify import verify
 
 __version__ = "0.1.0"
 __all__ = [
-    "CatalogError", "ChecksumError", "ConfigError", "Draft", "Drafter", "DrafterError", "Engine", "FinishEvent",
+    "CatalogError", "ChecksumError", "ConfigError", "DatastoreError", "Draft", "Drafter", "DrafterError", "Engine", "FinishEvent",
     "GenerationConfig", "GenerationResult", "GenerationStats", "MirrorsdError", "ModelNotFoundError",
     "PromptError", "RollbackUnsupportedError", "TokenEvent", "TokenizerMismatchError", "Verifier", "verify",
 ]

@@ -18,7 +18,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 def generate(
     prompt: Annotated[str, typer.Argument(help="Prompt text (sent through the chat template unless --raw).")],
     target: Annotated[str, typer.Option(help="Target model: catalog name, folder, .gguf or hub id.")] = "smollm2-135m",
-    draft: Annotated[str, typer.Option(help="auto | ngram | none | a draft model (catalog name, folder, .gguf).")] = "auto",
+    draft: Annotated[str, typer.Option(help="auto | ngram | retrieval[:DIR] | chain[:DIR] | none | a draft model "
+                                            "(catalog name, folder, .gguf).")] = "auto",
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 256,
     temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 samples.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (1.0 = off).")] = 1.0,
@@ -93,6 +94,50 @@ def bench(
 
     run_bench(target=target, draft_model=draft_model or None, n_prompts=prompts, max_new_tokens=max_new_tokens,
               repeats=repeats, out=out)
+
+
+datastore_app = typer.Typer(no_args_is_help=True, help="Retrieval datastores for the retrieval drafter.")
+app.add_typer(datastore_app, name="datastore")
+
+
+def _load_tokenizer(spec: str):
+    from transformers import AutoTokenizer
+
+    from mirrorsd.models import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(spec, progress=True))
+
+
+@datastore_app.command("build")
+def datastore_build(
+    paths: Annotated[list[str], typer.Argument(help="Files, folders (source/text files, recursively) or JSONL "
+                                                    "conversations ({'messages': [...]}, {'text': ...}).")],
+    out: Annotated[str, typer.Option(help="Folder to write the datastore to.")],
+    tokenizer: Annotated[str, typer.Option(help="The target model whose tokenizer to use.")] = "smollm2-135m",
+    segment_tokens: Annotated[int, typer.Option(help="Tokens per index segment (bounds build memory, ~60 B/token).")] = 8_000_000,
+) -> None:
+    """Build a datastore; use it with `mirrorsd generate --draft chain:DIR` (or retrieval:DIR)."""
+    import time
+
+    from mirrorsd.runtime.datastore import build_datastore
+
+    t0 = time.perf_counter()
+    store = build_datastore(paths, _load_tokenizer(tokenizer), out, segment_tokens=segment_tokens, progress=True,
+                            tokenizer_name=tokenizer)
+    print(f"{out}: {store.num_tokens} tokens, {store.header['documents']} documents, "
+          f"{len(store.segments)} segment(s), built in {time.perf_counter() - t0:.1f} s")
+
+
+@datastore_app.command("info")
+def datastore_info(path: Annotated[str, typer.Argument(help="A datastore folder.")]) -> None:
+    """Say what a datastore holds (and check that it opens)."""
+    from mirrorsd.runtime.datastore import Datastore
+
+    store = Datastore.open(path)
+    h = store.header
+    print(json.dumps({"tokens": store.num_tokens, "documents": h["documents"], "segments": len(h["segments"]),
+                      "tokenizer": h.get("tokenizer_name"), "tokenizer_fingerprint": h["tokenizer"][:16],
+                      "version": h["version"]}, indent=1))
 
 
 def main() -> None:

@@ -45,6 +45,9 @@ class Drafter(Protocol):
     def accepted(self, committed: Sequence[int], n_accepted: int) -> None:
         """Feedback after a verify step: `committed` now ends with the accepted tokens + 1."""
 
+    # Optional: finish(prompt_ids, generated) is called when a request completes (not when it is
+    # cancelled); the retrieval drafter learns the reply there.
+
 
 @runtime_checkable
 class Verifier(Protocol):

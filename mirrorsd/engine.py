@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -12,10 +13,12 @@ from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Drafter
 from mirrorsd.errors import ConfigError, PromptError
 from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
-from mirrorsd.runtime.drafters import NGramDrafter, TorchDraftModel
+from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
 from mirrorsd.runtime.speculative import speculative_decode
 from mirrorsd.runtime.torch_model import TorchCausalLM
 from mirrorsd.tokenizer_check import check_tokenizers_match
+
+log = logging.getLogger("mirrorsd")
 
 Prompt = str | Sequence[dict] | Sequence[int]
 """A raw string, chat messages ([{"role": ..., "content": ...}], run through the chat template) or token ids."""
@@ -40,9 +43,11 @@ class Engine:
              draft_dtype: str | torch.dtype | None = None, progress: bool = False) -> "Engine":
         """Load a target and pick a drafter.
 
-        draft: "auto" (best available: today the n-gram drafter, which needs no device), "ngram",
-        "none"/None (target-only decoding through the same runtime), a model argument (catalog name,
-        folder, .gguf, hub id) for an independent torch draft model, or a Drafter instance.
+        draft: "auto" (best available; today the model-free chain: n-gram + retrieval from the default
+        stdlib datastore, built once per tokenizer), "ngram", "retrieval" / "chain" (default datastore),
+        "retrieval:PATH" / "chain:PATH" (your datastore, learning from each reply), "none"/None
+        (target-only decoding through the same runtime), a model argument (catalog name, folder, .gguf,
+        hub id) for an independent torch draft model, or a Drafter instance.
         """
         from mirrorsd.devices import parse_dtype, resolve_device
         from mirrorsd.models import load_model
@@ -130,6 +135,12 @@ class Engine:
                 raise
             finally:
                 steps.close()
+                finish_hook = getattr(self.drafter, "finish", None)
+                if finish_hook is not None and finish != "cancelled":
+                    try:
+                        finish_hook(ids, tokens)
+                    except Exception as exc:  # learning is best-effort; the reply is already right
+                        log.warning("drafter %r could not learn from the request: %s", self.drafter, exc)
             recorder.generated = len(tokens)
             tail = text.flush()
             result = GenerationResult(text.text, tokens, finish, recorder.snapshot(time.perf_counter() - start),
@@ -154,12 +165,21 @@ class Engine:
 
 
 def _make_drafter(draft, target_tokenizer, target_name: str, device, dtype, progress: bool) -> Drafter | None:
+    """See Engine.load for the accepted values of `draft`."""
     if draft is None or draft == "none":
         return None
     if not isinstance(draft, str):
         return draft  # a Drafter instance
-    if draft in ("auto", "ngram"):
+    if draft == "ngram":
         return NGramDrafter()
+    kind, _, where = draft.partition(":")
+    if kind in ("auto", "chain", "retrieval") and (kind != "auto" or not where):
+        from mirrorsd.runtime.datastore import Datastore, default_datastore
+
+        store = (Datastore.open(where, target_tokenizer) if where
+                 else default_datastore(target_tokenizer, progress=progress, tokenizer_name=target_name))
+        retrieval = RetrievalDrafter(store, learn=bool(where))
+        return retrieval if kind == "retrieval" else ChainDrafter(NGramDrafter(), retrieval)
     from mirrorsd.devices import parse_dtype, resolve_device
     from mirrorsd.models import load_model
 

@@ -49,3 +49,7 @@ class RollbackUnsupportedError(MirrorsdError):
 
 class DrafterError(MirrorsdError):
     """A drafter could not be built or returned an invalid draft."""
+
+
+class DatastoreError(MirrorsdError):
+    """A retrieval datastore that cannot be used: missing, truncated, corrupt, or built for another tokenizer."""

@@ -60,3 +60,20 @@ def test_default_generate_runs_offline_on_smollm2():
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["text"] and result["stats"]["drafter"] in ("ngram", "none")
+
+
+def test_datastore_build_info_and_generate_with_it(tiny_folder, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.py").write_text("def f(x):\n    return x * 2\n" * 5)
+    built = run("datastore", "build", str(corpus), "--tokenizer", str(tiny_folder), "--out", str(tmp_path / "ds"))
+    assert built.returncode == 0, built.stderr
+    info = json.loads(run("datastore", "info", str(tmp_path / "ds")).stdout)
+    assert info["documents"] == 1 and info["tokens"] > 10
+    common = ["--target", str(tiny_folder), "--max-new-tokens", "16", "--json", "--raw", "--dtype", "float32",
+              "def f(x):"]
+    chain = json.loads(run("generate", "--draft", f"chain:{tmp_path / 'ds'}", *common).stdout)
+    plain = json.loads(run("generate", "--draft", "none", *common).stdout)
+    assert chain["token_ids"] == plain["token_ids"]
+    missing = run("generate", "--draft", f"retrieval:{tmp_path / 'nope'}", *common)
+    assert missing.returncode == 2 and "not a datastore" in missing.stderr

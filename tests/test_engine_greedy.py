@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mirrorsd import Engine, FinishEvent, GenerationConfig, TokenEvent
-from mirrorsd.runtime.drafters import NGramDrafter, TorchDraftModel
+from mirrorsd.runtime.datastore import Datastore
+from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
 from mirrorsd.runtime.torch_model import TorchCausalLM
 from drafters_for_tests import FailingDrafter, RandomTokenDrafter
 
@@ -19,7 +20,15 @@ def hf_greedy(model, tokenizer, prompt: str, n: int, **kw) -> list[int]:
     return out[0, ids.shape[1]:].tolist()
 
 
-def make_drafter(kind, target_model, other_model, tokenizer):
+@pytest.fixture(scope="module")
+def datastore(tmp_path_factory, target_model, tokenizer):
+    """A datastore holding the target's own greedy continuations of the first two prompts (and the
+    prompts themselves), as if learned from earlier sessions: retrieval drafts get accepted."""
+    docs = [tokenizer(p)["input_ids"] + hf_greedy(target_model, tokenizer, p, 60) for p in PROMPTS[:2]]
+    return Datastore.create(tmp_path_factory.mktemp("ds"), tokenizer, docs)
+
+
+def make_drafter(kind, target_model, other_model, tokenizer, datastore=None):
     if kind == "none":
         return None
     if kind == "self":
@@ -30,6 +39,10 @@ def make_drafter(kind, target_model, other_model, tokenizer):
         return RandomTokenDrafter(len(tokenizer))
     if kind == "ngram":
         return NGramDrafter(max_ngram=3, min_ngram=1)
+    if kind == "retrieval":
+        return RetrievalDrafter(datastore)
+    if kind == "chain":
+        return ChainDrafter(NGramDrafter(), RetrievalDrafter(datastore))
     raise AssertionError(kind)
 
 
@@ -37,10 +50,11 @@ def no_eos(tokenizer):
     return GenerationConfig(max_new_tokens=40)
 
 
-@pytest.mark.parametrize("kind", ["none", "self", "other-model", "random", "ngram"])
+@pytest.mark.parametrize("kind", ["none", "self", "other-model", "random", "ngram", "retrieval", "chain"])
 @pytest.mark.parametrize("adaptive", [True, False])
-def test_greedy_output_equals_target_only_and_transformers(kind, adaptive, target_model, other_model, tokenizer):
-    engine = Engine(target_model, tokenizer, make_drafter(kind, target_model, other_model, tokenizer))
+def test_greedy_output_equals_target_only_and_transformers(kind, adaptive, target_model, other_model, tokenizer,
+                                                           datastore):
+    engine = Engine(target_model, tokenizer, make_drafter(kind, target_model, other_model, tokenizer, datastore))
     engine.eos_ids = frozenset()  # run the full length so every step is compared
     cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=4, adaptive_k=adaptive)
     for prompt in PROMPTS:
@@ -53,6 +67,8 @@ def test_greedy_output_equals_target_only_and_transformers(kind, adaptive, targe
             assert s.acceptance_rate == 1.0 and s.mean_accepted_length > 3
         if kind in ("random", "other-model"):  # rejections happened, so rollback was exercised
             assert s.drafted_tokens > 0 and s.accepted_tokens < s.drafted_tokens
+        if kind in ("retrieval", "chain") and prompt in PROMPTS[:2]:  # the datastore knows these replies
+            assert s.acceptance_rate > 0.8 and s.mean_accepted_length > 3
 
 
 def test_rollback_then_regenerate_reuses_the_cache_correctly(target_model, tokenizer):
@@ -137,3 +153,16 @@ def test_chat_messages_use_the_chat_template(target_model, tokenizer):
     if hasattr(expected, "keys"):
         expected = expected["input_ids"]
     assert engine.encode(messages) == list(expected)
+
+
+def test_retrieval_learns_from_replies_and_the_chain_reports_who_served(tmp_path, target_model, tokenizer):
+    store = Datastore.create(tmp_path / "ds", tokenizer, [tokenizer("unrelated text")["input_ids"]])
+    engine = Engine(target_model, tokenizer, ChainDrafter(NGramDrafter(), RetrievalDrafter(store, learn=True)))
+    engine.eos_ids = frozenset()
+    cfg = GenerationConfig(max_new_tokens=40)
+    first = engine.generate(PROMPTS[2], cfg)
+    second = engine.generate(PROMPTS[2], cfg)  # the reply is in the datastore now
+    assert first.token_ids == second.token_ids == hf_greedy(target_model, tokenizer, PROMPTS[2], 40)
+    assert Datastore.open(tmp_path / "ds", tokenizer).header["documents"] == 3
+    assert second.stats.drafters.get("retrieval", 0) > 0
+    assert second.stats.mean_accepted_length > first.stats.mean_accepted_length

@@ -24,3 +24,16 @@ def test_proposal_is_capped_by_max_tokens_and_history():
     d = NGramDrafter()
     assert d.propose([4, 4, 4, 4, 4], 10).tokens == [4]  # the continuation runs into the end of history
     assert len(d.propose(list(range(20)) + [3], 2).tokens) == 2
+
+
+def test_frequency_beats_recency_among_matches():
+    d = NGramDrafter(max_ngram=2, min_ngram=2)
+    assert d.propose([1, 2, 5, 1, 2, 5, 1, 2, 6, 1, 2], 1).tokens == [5]
+
+
+def test_draft_length_grows_with_match_length():
+    d = NGramDrafter(max_ngram=4, min_ngram=1)
+    one = d.propose([7, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 7], 16)  # 1-token match
+    assert one.tokens == [1, 2, 3, 4]
+    four = d.propose([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4], 16)  # 4-token match
+    assert four.tokens == [5, 6, 7, 8, 9, 10, 11, 12, 1, 2]

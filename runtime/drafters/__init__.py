@@ -1,6 +1,8 @@
 """Drafters: each proposes tokens and owns its state (see mirrorsd.contracts.Drafter)."""
 
+from mirrorsd.runtime.drafters.chain import ChainDrafter
 from mirrorsd.runtime.drafters.model import TorchDraftModel
 from mirrorsd.runtime.drafters.ngram import NGramDrafter
+from mirrorsd.runtime.drafters.retrieval import RetrievalDrafter
 
-__all__ = ["NGramDrafter", "TorchDraftModel"]
+__all__ = ["ChainDrafter", "NGramDrafter", "RetrievalDrafter", "TorchDraftModel"]

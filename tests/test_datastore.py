@@ -1,0 +1,113 @@
+"""Datastore build / open / append round trips, durability, and its error cases."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from mirrorsd.errors import DatastoreError
+from mirrorsd.runtime.datastore import HEADER, Datastore, _write_segment, build_datastore
+from conftest import make_tokenizer
+
+CODE = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "fib.py").write_text(CODE)
+    (src / "notes.md").write_text("The quick brown fox jumps over the lazy dog.")
+    (src / "image.bin").write_bytes(bytes(range(256)))  # not a text file: skipped
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": "Hello world! How can I help?"}]})
+                     + "\n" + json.dumps({"text": "import numpy as np\n"}) + "\n")
+    return [src, chats]
+
+
+def test_build_open_and_match(corpus, tokenizer, tmp_path):
+    store = build_datastore(corpus, tokenizer, tmp_path / "ds")
+    assert store.header["documents"] == 5  # two files, two chat messages, one text row
+    reopened = Datastore.open(tmp_path / "ds", tokenizer)
+    assert reopened.num_tokens == store.num_tokens > 0
+    ids = tokenizer(CODE, add_special_tokens=False)["input_ids"]
+    cut = len(tokenizer("def fibonacci(n):\n    a, b =", add_special_tokens=False)["input_ids"])
+    match = reopened.match(ids[:cut], max_tokens=6)
+    assert match is not None and match.length >= 2
+    assert match.tokens == ids[cut : cut + len(match.tokens)] and match.tokens
+    assert reopened.match(tokenizer("zzzz qqqq", add_special_tokens=False)["input_ids"], 4) is None
+
+
+def test_append_is_found_after_reopening_and_merges(corpus, tokenizer, tmp_path):
+    store = build_datastore(corpus, tokenizer, tmp_path / "ds")
+    replies = [f"reply number {i}: the answer is {i * 7} apples" for i in range(12)]
+    for text in replies:
+        store.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    reopened = Datastore.open(tmp_path / "ds", tokenizer)
+    assert len(reopened.header["segments"]) <= 1 + 9  # appended segments were merged
+    assert len(list((tmp_path / "ds").glob("*.npy"))) == 2 * len(reopened.header["segments"])
+    for i in (0, 11):
+        ids = tokenizer(replies[i], add_special_tokens=False)["input_ids"]
+        prefix = tokenizer(f"reply number {i}: the answer", add_special_tokens=False)["input_ids"]
+        match = reopened.match(prefix, max_tokens=4)
+        assert match is not None and match.tokens == ids[len(prefix) : len(prefix) + len(match.tokens)]
+
+
+def test_a_crash_mid_append_leaves_a_datastore_that_opens(corpus, tokenizer, tmp_path):
+    store = build_datastore(corpus, tokenizer, tmp_path / "ds")
+    before = store.num_tokens
+    header = json.loads((tmp_path / "ds" / HEADER).read_text())
+    _write_segment(tmp_path / "ds", header, np.arange(50, dtype=np.int32), appended=True)  # segment, no header
+    (tmp_path / "ds" / (HEADER + ".tmp")).write_text('{"half a hea')  # a header write cut short
+    reopened = Datastore.open(tmp_path / "ds", tokenizer)
+    assert reopened.num_tokens == before
+    reopened.append([1, 2, 3])  # and it can be appended to again
+    assert Datastore.open(tmp_path / "ds", tokenizer).num_tokens == before + 4
+
+
+def test_foreign_tokenizer_is_refused(corpus, tokenizer, tmp_path):
+    build_datastore(corpus, tokenizer, tmp_path / "ds")
+    other = make_tokenizer(corpus=["completely different text, other merges " * 3, "zzz yyy xxx"])
+    with pytest.raises(DatastoreError, match="another tokenizer") as info:
+        Datastore.open(tmp_path / "ds", other)
+    assert "--tokenizer" in info.value.hint
+
+
+def test_truncated_or_corrupt_datastores_are_clear_errors(corpus, tokenizer, tmp_path):
+    build_datastore(corpus, tokenizer, tmp_path / "ds")
+    seg = tmp_path / "ds" / "seg-00000.sa.npy"
+    data = seg.read_bytes()
+    seg.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DatastoreError, match="truncated"):
+        Datastore.open(tmp_path / "ds")
+    seg.write_bytes(data)
+    (tmp_path / "ds" / HEADER).write_text("{not json")
+    with pytest.raises(DatastoreError, match="corrupt"):
+        Datastore.open(tmp_path / "ds")
+    with pytest.raises(DatastoreError, match="not a datastore"):
+        Datastore.open(tmp_path / "nothing-here")
+
+
+def test_memory_stays_bounded_on_a_large_corpus(tokenizer, tmp_path):
+    """2M tokens in 250k-token segments: building peaks near one segment's work arrays, and opening +
+    lookups allocate almost nothing (memory-mapped), not the 16 MB of index."""
+    rng = np.random.default_rng(0)
+    docs = (rng.integers(0, 300, 1000).tolist() for _ in range(2000))  # 2M tokens, streamed
+    tracemalloc.start()
+    Datastore.create(tmp_path / "big", tokenizer, docs, segment_tokens=250_000)
+    _, build_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert build_peak < 80 * 250_000  # ~60 bytes/token of one segment, not of the whole corpus (2M)
+
+    tracemalloc.start()
+    store = Datastore.open(tmp_path / "big", tokenizer)
+    for _ in range(50):
+        store.match(rng.integers(0, 300, 20).tolist(), max_tokens=8)
+    _, lookup_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert store.num_tokens == 2_002_000 and len(store.segments) == 8
+    assert lookup_peak < 2_000_000
