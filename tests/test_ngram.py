@@ -35,5 +35,7 @@ def test_draft_length_grows_with_match_length():
     d = NGramDrafter(max_ngram=4, min_ngram=1)
     one = d.propose([7, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 7], 16)  # 1-token match
     assert one.tokens == [1, 2, 3, 4]
+    two = d.propose([7, 7, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 7, 7], 16)  # 2-token match
+    assert two.tokens == [1, 2, 3, 4, 5, 6]
     four = d.propose([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4], 16)  # 4-token match
-    assert four.tokens == [5, 6, 7, 8, 9, 10, 11, 12, 1, 2]
+    assert four.tokens == [5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4]  # all the history has, up to K
