@@ -63,9 +63,7 @@ def speculative_decode(
                 draft = drafter.propose(committed, budget)
                 _check_draft(draft, budget, verifier.vocab_size)
             except Exception as exc:  # a failing drafter costs speed, never output
-                fallback = f"drafter {getattr(drafter, 'name', drafter)!r} dropped: {exc}"
-                log.warning("%s; continuing without drafting", fallback)
-                drafter, draft = None, Draft.empty()
+                fallback, drafter, draft = _drop(drafter, exc), None, Draft.empty()
         t1 = time.perf_counter()
         logits = verifier.score(committed, draft.tokens)  # [k+1, V]
         n_accepted, new_tokens = verify(draft, logits, config, rng, history=committed)
@@ -73,11 +71,20 @@ def speculative_decode(
         committed.extend(new_tokens)
         generated += len(new_tokens)
         if drafter is not None:
-            drafter.accepted(committed, n_accepted)
+            try:
+                drafter.accepted(committed, n_accepted)
+            except Exception as exc:
+                fallback, drafter = _drop(drafter, exc), None
         schedule.update(len(draft.tokens), n_accepted)
         gate.record(bool(draft.tokens), len(new_tokens), t2 - t0)
         yield Step(new_tokens, len(draft.tokens), n_accepted, draft.source if draft.tokens else "none",
                    t1 - t0, t2 - t1, fallback)
+
+
+def _drop(drafter: Drafter, exc: Exception) -> str:
+    reason = f"drafter {getattr(drafter, 'name', drafter)!r} dropped: {exc}"
+    log.warning("%s; continuing without drafting", reason)
+    return reason
 
 
 def _check_draft(draft: Draft, budget: int, vocab_size: int) -> None:

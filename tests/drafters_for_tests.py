@@ -47,4 +47,8 @@ class FailingDrafter(RandomTokenDrafter):
             return Draft([self.vocab_size + 5] * max_tokens, None, self.name)
         if self.how == "too-long":
             return Draft([0] * (max_tokens + 3), None, self.name)
-        raise AssertionError(self.how)
+        return super().propose(committed, max_tokens)
+
+    def accepted(self, committed, n_accepted):
+        if self.how == "feedback-raises" and self.left < 0:
+            raise RuntimeError("lost its state")

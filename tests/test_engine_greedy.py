@@ -91,7 +91,7 @@ def test_repetition_penalty_matches_transformers(target_model, other_model, toke
     assert result.token_ids == hf_greedy(target_model, tokenizer, PROMPTS[0], 30, repetition_penalty=1.3)
 
 
-@pytest.mark.parametrize("how", ["raise", "garbage", "too-long"])
+@pytest.mark.parametrize("how", ["raise", "garbage", "too-long", "feedback-raises"])
 def test_failing_drafter_is_dropped_and_output_is_unchanged(how, target_model, tokenizer):
     engine = Engine(target_model, tokenizer, FailingDrafter(len(tokenizer), how))
     engine.eos_ids = frozenset()

@@ -43,9 +43,10 @@ class ChainDrafter:
         return best
 
     def accepted(self, committed: Sequence[int], n_accepted: int) -> None:
-        if self._served is not None:
+        if self._served is not None:  # learn only from steps this chain's draft actually served
             old = self.expected.get(self._served, OPTIMISTIC)
             self.expected[self._served] = DECAY * old + (1 - DECAY) * n_accepted
+            self._served = None
         for d in self.drafters:
             d.accepted(committed, n_accepted)
 
