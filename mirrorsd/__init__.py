@@ -13,7 +13,6 @@ from mirrorsd.errors import (
     ChecksumError,
     ConfigError,
     DatastoreError,
-    DrafterError,
     MirrorsdError,
     ModelNotFoundError,
     PromptError,
@@ -25,7 +24,7 @@ from mirrorsd.verify import verify
 
 __version__ = "0.1.0"
 __all__ = [
-    "CatalogError", "ChecksumError", "ConfigError", "DatastoreError", "Draft", "Drafter", "DrafterError", "Engine", "FinishEvent",
+    "CatalogError", "ChecksumError", "ConfigError", "DatastoreError", "Draft", "Drafter", "Engine", "FinishEvent",
     "GenerationConfig", "GenerationResult", "GenerationStats", "MirrorsdError", "ModelNotFoundError",
     "PromptError", "RollbackUnsupportedError", "TokenEvent", "TokenizerMismatchError", "Verifier", "verify",
 ]

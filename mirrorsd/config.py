@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mirrorsd.errors import ConfigError
 
@@ -43,9 +43,6 @@ class GenerationConfig:
 
     max_draft_tokens: int = 16
     """Upper bound on K, whatever the schedule says."""
-
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
-    """Free-form settings for experimental drafters; ignored by the core."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:

@@ -44,11 +44,7 @@ class TokenizerMismatchError(MirrorsdError):
 
 
 class RollbackUnsupportedError(MirrorsdError):
-    """The target's KV cache cannot be truncated (sliding-window or recurrent layers)."""
-
-
-class DrafterError(MirrorsdError):
-    """A drafter could not be built or returned an invalid draft."""
+    """The model's KV cache cannot be truncated after a rejected draft (recurrent / linear-attention layers)."""
 
 
 class DatastoreError(MirrorsdError):

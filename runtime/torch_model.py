@@ -34,10 +34,6 @@ class TorchCausalLM:
         self._cache: DynamicCache | None = None
         self._cached: list[int] = []  # token ids whose keys/values are in the cache
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
     def _check_rollback(self, cfg) -> None:
         """Speculative decoding drops rejected positions from the cache. Full attention truncates
         exactly; sliding-window attention only until the window fills, so the usable context is capped
