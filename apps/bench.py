@@ -45,7 +45,6 @@ def chat(prompt: str) -> list[dict]:
 @dataclass
 class Row:
     name: str
-    kind: str  # "ours" or "transformers"
     seconds: list[float] = field(default_factory=list)  # median per prompt
     tokens: list[int] = field(default_factory=list)
     accepted_lengths: list[float] = field(default_factory=list)
@@ -96,17 +95,17 @@ def run_bench(target: str, draft_model: str | None, n_prompts: int, max_new_toke
 
     store = default_datastore(tok, progress=True, tokenizer_name=target)
     configs: list[tuple[Row, object]] = [
-        (Row("target only (ours)", "ours"), ours(None)),
-        (Row("transformers generate", "transformers"), hf()),
-        (Row("n-gram (ours)", "ours"), ours(NGramDrafter())),
-        (Row("prompt lookup (transformers)", "transformers"), hf(prompt_lookup_num_tokens=10)),
-        (Row("retrieval, stdlib datastore (ours)", "ours"), ours(RetrievalDrafter(store))),
-        (Row("chain n-gram + retrieval (ours)", "ours"), ours(ChainDrafter(NGramDrafter(), RetrievalDrafter(store)))),
+        (Row("target only (ours)"), ours(None)),
+        (Row("transformers generate"), hf()),
+        (Row("n-gram (ours)"), ours(NGramDrafter())),
+        (Row("prompt lookup (transformers)"), hf(prompt_lookup_num_tokens=10)),
+        (Row("retrieval, stdlib datastore (ours)"), ours(RetrievalDrafter(store))),
+        (Row("chain n-gram + retrieval (ours)"), ours(ChainDrafter(NGramDrafter(), RetrievalDrafter(store)))),
     ]
     if draft_lm is not None:
         configs += [
-            (Row(f"draft model {draft_model} (ours)", "ours"), ours(TorchDraftModel(TorchCausalLM(draft_lm)))),
-            (Row(f"assisted generation {draft_model} (transformers)", "transformers"), hf(assistant_model=draft_lm)),
+            (Row(f"draft model {draft_model} (ours)"), ours(TorchDraftModel(TorchCausalLM(draft_lm)))),
+            (Row(f"assisted generation {draft_model} (transformers)"), hf(assistant_model=draft_lm)),
         ]
     hf(prompt_lookup_num_tokens=10)(prompts[0][:32])  # warm-up: first-call allocations and kernel choice
     ours(None)(prompts[0][:32])

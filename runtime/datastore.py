@@ -17,6 +17,7 @@ segments pile up they are merged into one, by the same write-then-swap-the-heade
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -144,7 +145,7 @@ class Datastore:
         """Durably add one document (e.g. a generated reply) so later lookups can find it."""
         if not len(token_ids):
             return
-        header = json.loads(json.dumps(self.header))
+        header = copy.deepcopy(self.header)
         _write_segment(self.path, header, np.asarray(list(token_ids) + [SEPARATOR], dtype=np.int32), appended=True)
         header["documents"] += 1
         appended = [s for s in header["segments"] if s.get("appended")]

@@ -40,6 +40,7 @@ class SpeculationGate:
         self.paused_for = 0
         self.drafted_rate: float | None = None  # tokens per second of drafted steps
         self.plain_rate: float | None = None  # tokens per second of plain steps
+        self.probing = False  # the next drafted step ends a pause
 
     def should_draft(self) -> bool:
         if not self.enabled or self.paused_for == 0:
@@ -54,16 +55,14 @@ class SpeculationGate:
         if not drafted:
             self.plain_rate = self._ema(self.plain_rate, rate)
             return
-        probing = self.drafted_rate is not None and self.paused_for == 0 and self._was_paused
-        self.drafted_rate = rate if probing else self._ema(self.drafted_rate, rate)
+        # A probe measures drafting afresh; otherwise drafted steps feed the moving average.
+        self.drafted_rate = rate if self.probing else self._ema(self.drafted_rate, rate)
         if self.plain_rate is not None and self.drafted_rate < self.plain_rate:
-            self.paused_for = self.backoff
-            self.backoff = min(self.backoff * 2, self.max_backoff) if probing else self.backoff
-            self._was_paused = True
+            if self.probing:
+                self.backoff = min(self.backoff * 2, self.max_backoff)
+            self.paused_for, self.probing = self.backoff, True
         else:
-            self.backoff, self._was_paused = self.min_backoff, False
-
-    _was_paused = False
+            self.backoff, self.probing = self.min_backoff, False
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new

@@ -32,8 +32,7 @@ class RetrievalDrafter:
         self.last_match = (0, 0)
         if max_tokens <= 0:
             return Draft.empty(self.name)
-        match = self.datastore.match(committed, draft_length_for_match(self.max_match, max_tokens),
-                                     self.min_match, self.max_match, min_share=self.min_share)
+        match = self.datastore.match(committed, max_tokens, self.min_match, self.max_match, min_share=self.min_share)
         if match is None or not match.tokens:
             return Draft.empty(self.name)
         self.last_match = (match.length, match.support)
