@@ -40,11 +40,11 @@ def resolve_device(spec: str | None) -> torch.device:
 def default_dtype(device: torch.device) -> torch.dtype:
     """float32 on every device: the only dtype measured to keep greedy output token-identical.
 
-    Measured on the 2-core x86-64 CPU (torch 2.13): bfloat16 decodes faster (smollm2-135m one step
-    34 ms vs 56 ms; qwen2.5-coder-1.5b about 3.1 vs 2.4 tok/s), but scoring K+1 tokens in one pass
-    runs different matmul kernels than one-token decoding, and with bfloat16 rounding after every
-    layer that flipped a near-tie argmax: on smollm2-135m an n-gram-drafted greedy run left
-    target-only decoding at token 43. In float32 the same runs were identical. Lossless comes first,
+    bfloat16 is faster on this CPU, but its greedy output depends on how tokens are grouped into
+    forward passes (K+1 verified at once, or a cached prompt prefix vs a whole prefill), because its
+    rounding after every layer flips near-tie argmaxes. `mirrorsd bench --target smollm2-135m
+    --draft-model "" --dtype bfloat16` marks every configuration not token-equal to the first
+    target-only run (the README shows that report); in float32 all are equal. Lossless comes first,
     so bfloat16/float16 are opt-in (`dtype="bfloat16"`), documented as trading exact token identity
     for speed.
     """

@@ -88,12 +88,13 @@ def bench(
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = 64,
     repeats: Annotated[int, typer.Option(help="Runs per configuration and prompt (median taken).")] = 1,
     out: Annotated[str, typer.Option(help="Folder for report.json and report.md.")] = "bench-out",
+    dtype: Annotated[str, typer.Option(help="Model dtype for every configuration: float32 | bfloat16 | float16.")] = "float32",
 ) -> None:
     """Side-by-side speed of our runtime vs transformers on HumanEval prompts (greedy)."""
     from mirrorsd.apps.bench import run_bench
 
     run_bench(target=target, draft_model=draft_model or None, n_prompts=prompts, max_new_tokens=max_new_tokens,
-              repeats=repeats, out=out)
+              repeats=repeats, out=out, dtype=dtype)
 
 
 datastore_app = typer.Typer(no_args_is_help=True, help="Retrieval datastores for the retrieval drafter.")
