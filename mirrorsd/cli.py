@@ -84,17 +84,32 @@ def models() -> None:
 def bench(
     target: Annotated[str, typer.Option(help="Target model.")] = "qwen2.5-coder-1.5b",
     draft_model: Annotated[str, typer.Option(help="Draft model for the draft-model rows ('' to skip).")] = "qwen2.5-coder-0.5b",
-    prompts: Annotated[int, typer.Option(help="Number of HumanEval prompts (from 0).")] = 3,
+    per_category: Annotated[int, typer.Option(help="Prompts per category of the bundled suite.")] = 2,
+    prompts: Annotated[Optional[str], typer.Option(help="Your own prompts instead: a JSONL file "
+                                                        "({'prompt'|'messages'|'text', 'category', 'temperature'}).")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = 64,
-    repeats: Annotated[int, typer.Option(help="Runs per configuration and prompt (median taken).")] = 1,
-    out: Annotated[str, typer.Option(help="Folder for report.json and report.md.")] = "bench-out",
+    repeats: Annotated[int, typer.Option(help="Runs per configuration and prompt, interleaved (median taken).")] = 2,
+    k: Annotated[int, typer.Option("--k", help="Draft tokens per step for our drafters.")] = 8,
     dtype: Annotated[str, typer.Option(help="Model dtype for every configuration: float32 | bfloat16 | float16.")] = "float32",
+    only: Annotated[Optional[list[str]], typer.Option(help="Run only this configuration (repeatable; "
+                                                           "target-only always runs).")] = None,
+    quick: Annotated[bool, typer.Option(help="A few minutes: smollm2-135m, no draft model, 1 prompt per category, "
+                                             "48 tokens, 2 repeats (explicit options still apply).")] = False,
+    out: Annotated[str, typer.Option(help="Folder for report.json, report.md and the PNG plots.")] = "bench-out",
 ) -> None:
-    """Side-by-side speed of our runtime vs transformers on HumanEval prompts (greedy)."""
-    from mirrorsd.apps.bench import run_bench
+    """Every drafter, our runtime and transformers side by side on a prompt suite; report + plots."""
+    import click
 
-    run_bench(target=target, draft_model=draft_model or None, n_prompts=prompts, max_new_tokens=max_new_tokens,
-              repeats=repeats, out=out, dtype=dtype)
+    from mirrorsd.apps.bench import QUICK, BenchOptions, command_line, run_bench
+
+    given = {name for name in ("target", "draft_model", "per_category", "max_new_tokens", "repeats")
+             if click.get_current_context().get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+    values = dict(target=target, draft_model=draft_model or None, per_category=per_category,
+                  max_new_tokens=max_new_tokens, repeats=repeats)
+    if quick:
+        values.update({key: val for key, val in QUICK.items() if key not in given})
+    run_bench(BenchOptions(prompts_file=prompts, k=k, dtype=dtype, only=tuple(only or ()), out=out, **values),
+              command=command_line())
 
 
 datastore_app = typer.Typer(no_args_is_help=True, help="Retrieval datastores for the retrieval drafter.")

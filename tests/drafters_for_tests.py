@@ -52,3 +52,15 @@ class FailingDrafter(RandomTokenDrafter):
     def accepted(self, committed, n_accepted):
         if self.how == "feedback-raises" and self.left < 0:
             raise RuntimeError("lost its state")
+
+
+class HistoryCorruptingDrafter(RandomTokenDrafter):
+    """Breaks the Drafter contract: appends a token to the committed history it is handed (which it must
+    only read) and proposes nothing. The loop then continues from a history the target never produced, so
+    its output differs from target-only decoding: what the benchmark's greedy equality check must catch."""
+
+    name = "corrupting"
+
+    def propose(self, committed, max_tokens):
+        committed.append(int(self.rng.integers(0, self.vocab_size)))
+        return Draft([], None, self.name)

@@ -1,0 +1,58 @@
+"""Leviathan et al.'s speculative-decoding speedup model (arXiv 2211.17192, section 3), in one place.
+
+With a per-token acceptance rate `alpha` (each drafted token accepted with probability alpha, given
+the ones before it were), K drafted tokens per verify step and a draft cost ratio `c` (time of one
+draft token / time of one target decode step), one verify step commits on average
+
+    E[tokens per step] = (1 - alpha^(K+1)) / (1 - alpha)
+
+and costs K*c + 1 target-step units when drafting and verification run one after the other, so
+
+    speedup = (1 - alpha^(K+1)) / ((1 - alpha) * (K*c + 1)).
+
+Overlapped (the two-queue pipeline: the draft for step t+1 is computed while the target verifies
+step t), the draft cost hides behind verification as long as it is shorter, so a step costs
+max(K*c, 1) units and
+
+    speedup_overlapped = (1 - alpha^(K+1)) / ((1 - alpha) * max(K*c, 1)).
+
+Both assume a verify pass over K+1 tokens costs as much as one decode step (on a CPU it costs more:
+MODELS.md measures 1.2x for K=8 on the 1.5b), so they are upper bounds to check against a measured run.
+"""
+
+from __future__ import annotations
+
+__all__ = ["best_k", "expected_tokens_per_step", "speedup"]
+
+
+def _check(alpha: float, k: int, c: float = 0.0) -> None:
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if k < 0 or int(k) != k:
+        raise ValueError(f"k must be a non-negative integer, got {k}")
+    if c < 0:
+        raise ValueError(f"the cost ratio c must be >= 0, got {c}")
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Mean tokens committed per verify step: (1 - alpha^(k+1)) / (1 - alpha); k + 1 when alpha = 1."""
+    _check(alpha, k)
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def speedup(alpha: float, k: int, c: float, overlapped: bool = False) -> float:
+    """Expected wall-time speedup over target-only decoding (Leviathan's formula).
+
+    overlapped=False: drafting then verifying, a step costs k*c + 1 target steps.
+    overlapped=True: drafting runs alongside verification, a step costs max(k*c, 1).
+    """
+    _check(alpha, k, c)
+    step_cost = max(k * c, 1.0) if overlapped else k * c + 1.0
+    return expected_tokens_per_step(alpha, k) / step_cost
+
+
+def best_k(alpha: float, c: float, k_max: int = 16, overlapped: bool = False) -> tuple[int, float]:
+    """The K in 0..k_max with the highest predicted speedup, and that speedup (K=0: do not draft)."""
+    return max(((k, speedup(alpha, k, c, overlapped)) for k in range(k_max + 1)), key=lambda kv: kv[1])
