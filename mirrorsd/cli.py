@@ -82,6 +82,7 @@ def models() -> None:
 
 @app.command()
 def bench(
+    ctx: typer.Context,
     target: Annotated[str, typer.Option(help="Target model.")] = "qwen2.5-coder-1.5b",
     draft_model: Annotated[str, typer.Option(help="Draft model for the draft-model rows ('' to skip).")] = "qwen2.5-coder-0.5b",
     per_category: Annotated[int, typer.Option(help="Prompts per category of the bundled suite.")] = 2,
@@ -98,12 +99,10 @@ def bench(
     out: Annotated[str, typer.Option(help="Folder for report.json, report.md and the PNG plots.")] = "bench-out",
 ) -> None:
     """Every drafter, our runtime and transformers side by side on a prompt suite; report + plots."""
-    import click
-
     from mirrorsd.apps.bench import QUICK, BenchOptions, command_line, run_bench
 
     given = {name for name in ("target", "draft_model", "per_category", "max_new_tokens", "repeats")
-             if click.get_current_context().get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+             if ctx.get_parameter_source(name).name == "COMMANDLINE"}
     values = dict(target=target, draft_model=draft_model or None, per_category=per_category,
                   max_new_tokens=max_new_tokens, repeats=repeats)
     if quick:
