@@ -199,8 +199,8 @@ def _merge_counts(dicts) -> dict:
 
 
 def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -> dict:
-    categories = [c for c in (*CATEGORIES, *sorted({p.category for p in prompts} - set(CATEGORIES)))
-                  if any(p.category == c for p in prompts)]
+    seen = dict.fromkeys(p.category for p in prompts)  # the suite's order first, then a file's own order
+    categories = [c for c in CATEGORIES if c in seen] + [c for c in seen if c not in CATEGORIES]
     by_cat = {c: [i for i, p in enumerate(prompts) if p.category == c] for c in categories}
     all_idx = list(range(len(prompts)))
     base = _tps(cells[TARGET_ONLY], all_idx)

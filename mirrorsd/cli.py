@@ -92,6 +92,8 @@ def bench(
     repeats: Annotated[int, typer.Option(help="Runs per configuration and prompt, interleaved (median taken).")] = 2,
     k: Annotated[int, typer.Option("--k", help="Draft tokens per step for our drafters.")] = 8,
     dtype: Annotated[str, typer.Option(help="Model dtype for every configuration: float32 | bfloat16 | float16.")] = "float32",
+    datastore: Annotated[str, typer.Option(help="Datastore for the retrieval rows: 'default' (this Python's stdlib), "
+                                                "a datastore folder, or 'none' to skip them.")] = "default",
     only: Annotated[Optional[list[str]], typer.Option(help="Run only this configuration (repeatable; "
                                                            "target-only always runs).")] = None,
     quick: Annotated[bool, typer.Option(help="A few minutes: smollm2-135m, no draft model, 1 prompt per category, "
@@ -108,7 +110,31 @@ def bench(
     if quick:
         values.update({key: val for key, val in QUICK.items() if key not in given})
     run_bench(BenchOptions(prompts_file=prompts, k=k, dtype=dtype, only=tuple(only or ()), out=out, **values),
-              command=command_line())
+              datastore=None if datastore == "none" else datastore, command=command_line())
+
+
+@app.command("eval-drafts")
+def eval_drafts(
+    workload: Annotated[str, typer.Argument(help="Your workload: a JSONL file, one prompt per line "
+                                                 "({'prompt'|'messages'|'text'}).")],
+    target: Annotated[str, typer.Option(help="Target model.")] = "smollm2-135m",
+    drafter: Annotated[Optional[list[str]], typer.Option(help="Candidate (repeatable): ngram | retrieval[:DS] | "
+                                                              "chain[:DS] | a draft model.")] = None,
+    samples: Annotated[int, typer.Option(help="Prompts sampled from the workload.")] = 8,
+    seed: Annotated[int, typer.Option(help="Seed for the sample.")] = 0,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = 64,
+    k_max: Annotated[int, typer.Option(help="Largest draft length K considered.")] = 8,
+    price_per_hour: Annotated[Optional[float], typer.Option(help="Device price per hour, for cost per million tokens.")] = None,
+    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16.")] = "float32",
+    out: Annotated[str, typer.Option(help="Folder for eval-drafts.json and eval-drafts.md.")] = "eval-drafts-out",
+) -> None:
+    """Measure candidate drafters on your workload; predict and measure speedup; recommend drafter and K."""
+    from mirrorsd.apps.bench import command_line
+    from mirrorsd.apps.eval_drafts import EvalOptions, run_eval_drafts
+
+    run_eval_drafts(EvalOptions(workload=workload, target=target, drafters=tuple(drafter or ("ngram", "retrieval", "chain")),
+                                samples=samples, seed=seed, max_new_tokens=max_new_tokens, k_max=k_max,
+                                price_per_hour=price_per_hour, dtype=dtype, out=out), command=command_line())
 
 
 datastore_app = typer.Typer(no_args_is_help=True, help="Retrieval datastores for the retrieval drafter.")

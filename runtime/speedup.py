@@ -16,7 +16,11 @@ max(K*c, 1) units and
 
     speedup_overlapped = (1 - alpha^(K+1)) / ((1 - alpha) * max(K*c, 1)).
 
-Both assume a verify pass over K+1 tokens costs as much as one decode step (on a CPU it costs more:
+Model-free drafters (n-gram, retrieval) often have nothing to propose; with `coverage` = the share of
+steps that carry a draft, the other steps are plain decode steps (1 token for 1 unit), and the speedup
+is the ratio of the mixture's tokens to its cost (coverage=1, the default, is Leviathan's formula).
+
+All assume a verify pass over K+1 tokens costs as much as one decode step (on a CPU it costs more:
 MODELS.md measures 1.2x for K=8 on the 1.5b), so they are upper bounds to check against a measured run.
 """
 
@@ -42,17 +46,22 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def speedup(alpha: float, k: int, c: float, overlapped: bool = False) -> float:
+def speedup(alpha: float, k: int, c: float, overlapped: bool = False, coverage: float = 1.0) -> float:
     """Expected wall-time speedup over target-only decoding (Leviathan's formula).
 
     overlapped=False: drafting then verifying, a step costs k*c + 1 target steps.
     overlapped=True: drafting runs alongside verification, a step costs max(k*c, 1).
+    coverage: share of steps with a draft (the rest are plain decode steps); 1 = Leviathan's formula.
     """
     _check(alpha, k, c)
+    if not 0.0 <= coverage <= 1.0:
+        raise ValueError(f"coverage must be in [0, 1], got {coverage}")
     step_cost = max(k * c, 1.0) if overlapped else k * c + 1.0
-    return expected_tokens_per_step(alpha, k) / step_cost
+    tokens = coverage * expected_tokens_per_step(alpha, k) + (1.0 - coverage)
+    return tokens / (coverage * step_cost + (1.0 - coverage))
 
 
-def best_k(alpha: float, c: float, k_max: int = 16, overlapped: bool = False) -> tuple[int, float]:
+def best_k(alpha: float, c: float, k_max: int = 16, overlapped: bool = False,
+           coverage: float = 1.0) -> tuple[int, float]:
     """The K in 0..k_max with the highest predicted speedup, and that speedup (K=0: do not draft)."""
-    return max(((k, speedup(alpha, k, c, overlapped)) for k in range(k_max + 1)), key=lambda kv: kv[1])
+    return max(((k, speedup(alpha, k, c, overlapped, coverage)) for k in range(k_max + 1)), key=lambda kv: kv[1])

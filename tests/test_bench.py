@@ -112,3 +112,25 @@ def test_workload_files_load_and_bad_ones_are_clear_errors(tmp_path):
             load_workload(bad)
     with pytest.raises(PromptError, match="does not exist"):
         load_workload(tmp_path / "missing.jsonl")
+
+
+def test_bench_command_line_with_a_prompt_file(tmp_path, tokenizer):
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "tiny"
+    make_model(tokenizer, seed=0, sharpness=30.0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"text": "def quicksort(arr):", "category": "mine"}\n{"text": "Hello world!"}\n')
+    cmd = [sys.executable, "-m", "mirrorsd.cli", "bench", "--quick", "--target", str(folder), "--prompts", str(prompts),
+           "--datastore", "none", "--only", "n-gram (ours)", "--max-new-tokens", "8", "--out", str(tmp_path / "o")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert [r["configuration"] for r in report["rows"]] == ["target only (ours)", "n-gram (ours)"]
+    assert report["categories"] == ["mine", "custom"] and report["settings"]["repeats"] == 2  # --quick's
+    assert "n-gram (ours)" in done.stdout
+    bad = subprocess.run([*cmd[:-2], "--only", "no such row"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "unknown configuration" in bad.stderr and "Traceback" not in bad.stderr
