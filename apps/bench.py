@@ -105,11 +105,24 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
     from mirrorsd.apps.bench_plots import write_plots
 
     report["plots"] = write_plots(report, cells, prompts, outdir)
+    report["timings"] = _timings(cells, prompts)
     (outdir / "report.json").write_text(json.dumps(report, indent=1))
     (outdir / "report.md").write_text(markdown(report))
     Console().print(_table(report))
     console.print(f"wrote {outdir / 'report.json'}, {outdir / 'report.md'} and {len(report['plots'])} plots")
     return report
+
+
+def _timings(cells, prompts) -> dict:
+    """Per-token arrival times and per-step draft/verify spans of the first greedy prompt (the plotted one)."""
+    from dataclasses import asdict
+
+    i = next((j for j, p in enumerate(prompts) if p.greedy), 0)
+    return {"prompt": prompts[i].label, "configurations": {
+        name: {"token_times_s": [round(t, 5) for t in row[i].first.token_times],
+               "steps": [{k: round(v, 5) if isinstance(v, float) else v for k, v in asdict(s).items()}
+                         for s in row[i].first.steps]}
+        for name, row in cells.items()}}
 
 
 def _gen_config(p: BenchPrompt, opts: BenchOptions) -> GenerationConfig:
