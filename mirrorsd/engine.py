@@ -62,9 +62,9 @@ class Engine:
         model, tokenizer = load_model(target, dev, parse_dtype(dtype, dev), progress)
         drafter = _make_drafter(draft, tokenizer, target, draft_device or device,
                                 draft_dtype or dtype, progress)
-        # A draft model that fails mid-request hands over to the model-free chain, then plain decoding.
-        fallback = (_make_drafter("chain", tokenizer, target, None, None, progress)
-                    if hasattr(drafter, "propose_iter") else None)
+        # A draft model that fails mid-request hands over to n-gram drafting (free to set up; retrieval
+        # would first need a datastore for this tokenizer), then plain decoding.
+        fallback = NGramDrafter() if hasattr(drafter, "propose_iter") else None
         return cls(model, tokenizer, drafter, dev, name=target, fallback=fallback)
 
     # -- requests ---------------------------------------------------------------------------------

@@ -87,12 +87,14 @@ def step_cost(alpha: float, k: int, c: float, growth: float = 0.0, overlapped: b
     c: time to draft one token / time of a plain target pass. growth: extra verify cost per draft
     token (0 on a GPU where verifying k+1 tokens costs what one does). Sequential: draft then verify,
     1 + growth*k + k*c. Overlapped (two workers): the next draft is made while this step verifies, so
-    the step takes max(verify, draft) - unless the step is not fully accepted (probability
-    1 - alpha^(k+1)), when the next draft starts late and its k*c is paid in full."""
+    when the step lands on the lookahead (all k accepted and the bonus guessed: alpha^(k+1)) the step
+    takes max(verify, draft); otherwise the next draft starts only when this verify ends and costs
+    verify + draft, as sequential decoding would."""
     verify_cost = 1.0 + growth * k
     if not overlapped:
         return verify_cost + k * c
-    return max(verify_cost, k * c) + (1.0 - alpha ** (k + 1)) * k * c
+    hit = alpha ** (k + 1)
+    return hit * max(verify_cost, k * c) + (1.0 - hit) * (verify_cost + k * c)
 
 
 def predicted_speedup(alpha: float, k: int, c: float, growth: float = 0.0, overlapped: bool = False) -> float:
