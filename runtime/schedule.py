@@ -103,12 +103,30 @@ def predicted_speedup(alpha: float, k: int, c: float, growth: float = 0.0, overl
     return expected_tokens_per_step(alpha, k) / step_cost(alpha, k, c, growth, overlapped)
 
 
+class AcceptanceEstimate:
+    """Running per-token acceptance alpha: accepted / (accepted + rejections) over recent steps, the
+    maximum-likelihood estimate of a geometric acceptance model (a fully accepted step adds no
+    rejection). Starts at 0.5 with the weight of one step."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        self.accepted = self.rejected = 1.0
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def update(self, n_drafted: int, n_accepted: int) -> None:
+        if n_drafted > 0:
+            self.accepted = self.decay * self.accepted + n_accepted
+            self.rejected = self.decay * self.rejected + (n_accepted < n_drafted)
+
+
 class CostAwareSchedule:
     """K per step from measured costs: the k in [1, max_draft_tokens] with the highest predicted
     speedup, given the running acceptance estimate alpha and the measured cost ratio c.
 
-    alpha is estimated as accepted / (accepted + rejections) over recent steps (the maximum-likelihood
-    estimate of a geometric acceptance model; a fully accepted step adds no rejection). Costs are
+    alpha comes from an AcceptanceEstimate. Costs are
     moving averages of the measured draft time per token and of the verify time, fitted as
     t_verify(k) = a + b*k so that a CPU target, whose verify pass grows with k, is not over-fed.
     Until costs are measured it behaves like DraftLengthSchedule's starting K.
@@ -119,14 +137,9 @@ class CostAwareSchedule:
         self.k = min(config.num_draft_tokens, self.max_k)
         self.overlapped = overlapped
         self.decay = decay
-        self.accepted = 1.0  # prior: alpha = 0.5 with the weight of one step
-        self.rejected = 1.0
+        self.acceptance = AcceptanceEstimate(decay)
         self.draft_per_token: float | None = None
         self._fit = [0.0] * 5  # decayed sums of w, k, k*k, t, k*t for t_verify = a + b*k
-
-    @property
-    def alpha(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
 
     def costs(self) -> tuple[float, float] | None:
         """(c, growth) relative to a plain pass, or None before anything is measured."""
@@ -150,13 +163,11 @@ class CostAwareSchedule:
             self._fit[i] += v
 
     def update(self, n_drafted: int, n_accepted: int) -> int:
-        if n_drafted > 0:
-            self.accepted = self.decay * self.accepted + n_accepted
-            self.rejected = self.decay * self.rejected + (n_accepted < n_drafted)
+        self.acceptance.update(n_drafted, n_accepted)
         costs = self.costs()
         if costs is not None:
             c, growth = costs
-            alpha = self.alpha
+            alpha = self.acceptance.alpha
             self.k = max(range(1, self.max_k + 1),
                          key=lambda k: predicted_speedup(alpha, k, c, growth, self.overlapped))
         return self.k
