@@ -114,14 +114,14 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
 
 
 def _timings(cells, prompts) -> dict:
-    """Per-token arrival times and per-step draft/verify spans of the first greedy prompt (the plotted one)."""
+    """Per-token arrival times and the draft/verify spans of the first greedy prompt (the plotted one)."""
     from dataclasses import asdict
 
     i = next((j for j, p in enumerate(prompts) if p.greedy), 0)
     return {"prompt": prompts[i].label, "configurations": {
         name: {"token_times_s": [round(t, 5) for t in row[i].first.token_times],
-               "steps": [{k: round(v, 5) if isinstance(v, float) else v for k, v in asdict(s).items()}
-                         for s in row[i].first.steps]}
+               "draft_spans": [asdict(x) for x in row[i].first.draft_spans],
+               "verify_spans": [asdict(x) for x in row[i].first.verify_spans]}
         for name, row in cells.items()}}
 
 

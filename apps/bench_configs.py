@@ -12,16 +12,20 @@ few lines::
 
     register(BenchConfig("ONNX draft (ours)", lambda ctx: ours(ctx, make_onnx_drafter(ctx))))
 
-A runner that is not our sequential loop (the pipeline) builds its own Output; `Output.steps` takes
-absolute draft/verify start times so an overlapped schedule shows as overlapped in the timeline plot.
+`ours(ctx, drafter, **overrides)` runs our Engine with GenerationConfig overrides (the pipeline rows
+pass pipeline="overlap" / "branches"); it reads the request's draft and verify spans from the engine's
+own timeline, so an overlapped schedule shows as overlapped in the timeline plot.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
+from pathlib import Path
 
 import torch
 
@@ -32,15 +36,13 @@ from mirrorsd.runtime.torch_model import TorchCausalLM
 
 
 @dataclass(frozen=True)
-class StepTiming:
-    """One verify step of one request, seconds from the request's start."""
+class Span:
+    """A stretch of work on one lane of one request, seconds from the request's start."""
 
-    draft_start: float
-    draft_s: float
-    verify_start: float
-    verify_s: float
-    drafted: int
-    accepted: int
+    start: float
+    seconds: float
+    drafted: int = 0  # verify spans: draft tokens verified
+    accepted: int | None = None  # verify spans: of those, accepted (None where the runtime did not say)
 
 
 @dataclass
@@ -50,7 +52,8 @@ class Output:
     tokens: list[int]
     stats: GenerationStats | None = None  # our runtime's statistics (None for peers)
     token_times: list[float] = field(default_factory=list)  # seconds from start at which each token arrived
-    steps: list[StepTiming] = field(default_factory=list)  # per verify step, where known
+    draft_spans: list[Span] = field(default_factory=list)  # the draft lane (the engine's timeline)
+    verify_spans: list[Span] = field(default_factory=list)  # the verify lane
 
 
 Runner = Callable[[list[int], GenerationConfig], Output]
@@ -111,30 +114,29 @@ def register(config: BenchConfig, after: str | None = None) -> BenchConfig:
     return config
 
 
-def ours(ctx: BenchContext, drafter) -> Runner:
-    """A runner for our runtime with `drafter` (None: target-only), timing every token and step."""
+def ours(ctx: BenchContext, drafter, **config: object) -> Runner:
+    """A runner for our runtime with `drafter` (None: target-only) and GenerationConfig overrides
+    (e.g. pipeline="overlap"), timing every token; the draft/verify spans come from the engine's own
+    timeline of the request (its Chrome trace), so overlapped work shows as overlapped."""
 
     def run(ids: list[int], cfg: GenerationConfig) -> Output:
         engine = ctx.engine
         engine.drafter = drafter
         out = Output([])
-        start = time.perf_counter()
-        last_step, step_begin = -1, 0.0
-        prev = (0.0, 0.0, 0, 0)  # cumulative draft s, verify s, drafted, accepted
-        for event in engine.stream(ids, cfg):
-            now = time.perf_counter() - start
-            if isinstance(event, FinishEvent):
-                out.stats = event.result.stats
-                break
-            out.tokens.append(event.token_id)
-            out.token_times.append(now)
-            if event.step != last_step:  # the first token of a step: the step just finished
-                s = event.stats
-                d, v = s.draft_time_s - prev[0], s.verify_time_s - prev[1]
-                out.steps.append(StepTiming(step_begin, d, step_begin + d, v, s.drafted_tokens - prev[2],
-                                            s.accepted_tokens - prev[3]))
-                prev = (s.draft_time_s, s.verify_time_s, s.drafted_tokens, s.accepted_tokens)
-                last_step, step_begin = event.step, now
+        with tempfile.TemporaryDirectory(prefix="mirrorsd-bench-") as tmp:
+            trace = Path(tmp) / "trace.json"
+            start = time.perf_counter()
+            for event in engine.stream(ids, replace(cfg, **config), trace=str(trace)):
+                if isinstance(event, FinishEvent):
+                    out.stats = event.result.stats
+                    break
+                out.tokens.append(event.token_id)
+                out.token_times.append(time.perf_counter() - start)
+            for e in json.loads(trace.read_text())["traceEvents"]:
+                if e.get("ph") != "X":
+                    continue
+                span = Span(e["ts"] / 1e6, e["dur"] / 1e6, e["args"].get("k", 0), e["args"].get("accepted"))
+                (out.draft_spans if e["cat"] == "draft" else out.verify_spans).append(span)
         return out
 
     return run
@@ -201,9 +203,10 @@ register(BenchConfig("retrieval (ours)",
 register(BenchConfig("chain n-gram + retrieval (ours)",
                      _with_store(lambda ctx: ours(ctx, ChainDrafter(NGramDrafter(), RetrievalDrafter(ctx.datastore)))),
                      needs=_STORE))
-register(BenchConfig("draft model (ours)",
-                     lambda ctx: ours(ctx, _draft_model(ctx)) if ctx.draft_lm is not None else None,
-                     needs=_DRAFT))
+for _mode in ("sequential", "overlap", "branches"):  # issue #4's pipeline: one row per schedule
+    register(BenchConfig(f"draft model, {_mode} (ours)",
+                         lambda ctx, mode=_mode: ours(ctx, _draft_model(ctx), pipeline=mode) if ctx.draft_lm is not None
+                         else None, needs=_DRAFT))
 register(BenchConfig("assisted generation (transformers)",
                      lambda ctx: transformers_generate(ctx, assistant_model=ctx.draft_lm) if ctx.draft_lm is not None
-                     else None, peer_of="draft model (ours)", needs=_DRAFT))
+                     else None, peer_of="draft model, sequential (ours)", needs=_DRAFT))

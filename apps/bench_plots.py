@@ -102,16 +102,17 @@ def _timeline(plt, report, cells, prompts):
         return None
     # The configuration whose drafts cost the most time shows the draft/verify split best.
     best = max(drafted, key=lambda r: (r["propose_us_per_step"] or 0, r["speedup_vs_target_only"]))
-    steps = cells[best["configuration"]][i].first.steps
-    if not steps:
+    out = cells[best["configuration"]][i].first
+    if not out.verify_spans:
         return None
     from matplotlib import colormaps
 
     cmap = colormaps["RdYlGn"]
     fig, ax = plt.subplots(figsize=(10, 2.8))
-    ax.broken_barh([(s.draft_start, s.draft_s) for s in steps], (10, 8), color="tab:blue", edgecolor="tab:blue")
-    ax.broken_barh([(s.verify_start, s.verify_s) for s in steps], (0, 8), edgecolor="white", linewidth=0.6,
-                   color=[cmap(s.accepted / s.drafted) if s.drafted else "lightgrey" for s in steps])
+    ax.broken_barh([(s.start, s.seconds) for s in out.draft_spans], (10, 8), color="tab:blue", edgecolor="tab:blue")
+    ax.broken_barh([(s.start, s.seconds) for s in out.verify_spans], (0, 8), edgecolor="white", linewidth=0.6,
+                   color=[cmap(s.accepted / s.drafted) if s.drafted and s.accepted is not None else "lightgrey"
+                          for s in out.verify_spans])
     ax.set_yticks([4, 14], ["verify (target)", "draft"])
     ax.set_xlabel("seconds from the start of the request")
     ax.set_title(f"Draft/verify timeline of one request: {best['configuration']}, {prompts[i].label}; "

@@ -149,8 +149,8 @@ def run_eval_drafts(opts: EvalOptions, engine: Engine | None = None, candidates:
             reference.append(target_only(x, greedy))
             bar.advance(task)
         # One decode step of the target: verify time of every step after the first (the prefill).
-        step_s = statistics.median(s.verify_s for out in reference for s in out.steps[1:]) \
-            if any(len(out.steps) > 1 for out in reference) else reference[0].steps[0].verify_s
+        step_s = statistics.median(s.seconds for out in reference for s in out.verify_spans[1:]) \
+            if any(len(out.verify_spans) > 1 for out in reference) else reference[0].verify_spans[0].seconds
         offline: dict[str, AcceptanceCounts] = {}
         task = bar.add_task("offline acceptance", total=len(ids) * len(candidates))
         for name, drafter in candidates.items():

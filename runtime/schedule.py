@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mirrorsd.config import GenerationConfig
+from mirrorsd.runtime.speedup import expected_tokens_per_step
 
 
 class DraftLengthSchedule:
@@ -72,14 +73,6 @@ class SpeculationGate:
 
 
 # -- the cost model (Leviathan et al. 2023, section 3.3) ------------------------------------------
-
-def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """Tokens one verify step commits when each of k draft tokens is accepted with probability alpha
-    (given the ones before it were): (1 - alpha^(k+1)) / (1 - alpha)."""
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
 
 def step_cost(alpha: float, k: int, c: float, growth: float = 0.0, overlapped: bool = False) -> float:
     """Wall time of one step, in units of one plain target forward pass.

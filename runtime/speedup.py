@@ -22,6 +22,8 @@ is the ratio of the mixture's tokens to its cost (coverage=1, the default, is Le
 
 All assume a verify pass over K+1 tokens costs as much as one decode step (on a CPU it costs more:
 MODELS.md measures 1.2x for K=8 on the 1.5b), so they are upper bounds to check against a measured run.
+The pipeline's K schedule (runtime/schedule.py, `predicted_speedup`) refines both: verify cost growing
+with K, and an overlapped step that misses the lookahead paying draft + verify.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def test_report_files_are_well_formed(bench_report):
     assert on_disk["models"]["target"]["dtype"] == "torch.float32" and "draft" in on_disk["models"]
     assert {"torch", "transformers", "python"} <= set(on_disk["versions"])
     peers = {(c["ours"], c["peer"]) for c in on_disk["ours_vs_peers"]}
-    assert ("draft model (ours)", "assisted generation (transformers)") in peers
+    assert ("draft model, sequential (ours)", "assisted generation (transformers)") in peers
     md = (out / "report.md").read_text()
     header = next(line for line in md.splitlines() if line.startswith("| configuration"))
     table = [line for line in md.splitlines() if line.startswith("| ") and line.count("|") == header.count("|")]
