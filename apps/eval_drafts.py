@@ -174,7 +174,8 @@ def run_eval_drafts(opts: EvalOptions, engine: Engine | None = None, candidates:
             for name, run in runners.items():
                 k = max(1, rows[name]["best_k"])
                 t0 = time.perf_counter()
-                out = run(x, GenerationConfig(max_new_tokens=opts.max_new_tokens, num_draft_tokens=k))
+                out = run(x, GenerationConfig(max_new_tokens=opts.max_new_tokens, num_draft_tokens=k,
+                                              max_draft_tokens=max(k, 16), adaptive_k=False))  # K fixed: the one tested
                 rows[name]["measured_seconds"] += time.perf_counter() - t0
                 rows[name]["measured_tokens"] += len(out.tokens)
                 rows[name]["greedy_equal"] &= out.tokens == ref.tokens
