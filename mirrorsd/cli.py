@@ -100,7 +100,8 @@ def bench(
                                                         "({'prompt'|'messages'|'text', 'category', 'temperature'}).")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = 64,
     repeats: Annotated[int, typer.Option(help="Runs per configuration and prompt, interleaved (median taken).")] = 2,
-    k: Annotated[int, typer.Option("--k", help="Draft tokens per step for our drafters.")] = 8,
+    k: Annotated[int, typer.Option("--k", help="Draft tokens per step for our drafters (the start value "
+                                                                  "where K adapts).")] = 8,
     dtype: Annotated[str, typer.Option(help="Model dtype for every configuration: float32 | bfloat16 | float16.")] = "float32",
     datastore: Annotated[str, typer.Option(help="Datastore for the retrieval rows: 'default' (this Python's stdlib), "
                                                 "a datastore folder, or 'none' to skip them.")] = "default",
@@ -142,8 +143,8 @@ def eval_drafts(
     from mirrorsd.apps.bench import command_line
     from mirrorsd.apps.eval_drafts import EvalOptions, run_eval_drafts
 
-    run_eval_drafts(EvalOptions(workload=workload, target=target, drafters=tuple(drafter or ("ngram", "retrieval", "chain")),
-                                samples=samples, seed=seed, max_new_tokens=max_new_tokens, k_max=k_max,
+    candidates = tuple(drafter or ("ngram", "retrieval", "chain"))
+    run_eval_drafts(EvalOptions(workload=workload, target=target, drafters=candidates, samples=samples, seed=seed, max_new_tokens=max_new_tokens, k_max=k_max,
                                 price_per_hour=price_per_hour, dtype=dtype, out=out), command=command_line())
 
 
