@@ -29,13 +29,16 @@ class SpeculationGate:
     Compares the throughput of drafted steps (committed tokens / (draft + verify seconds)) with that of
     plain one-token steps, both as moving averages. While drafted steps are slower, drafting pauses
     for `backoff` steps, then one drafted step probes again; each failed probe doubles the pause (up
-    to max_backoff), a good one resets it. Until both kinds of step have been measured it drafts.
+    to max_backoff), a good one resets it. Until both kinds of step have been measured it drafts,
+    except that a drafter which always proposes gets one plain step after `measure_plain_after`
+    drafted ones, so there is a plain rate to compare with.
 
     Timing-based switching changes which random numbers a sampling run draws, so with a seed the gate
     stays open: a seed must reproduce a run exactly. Output is lossless either way.
     """
 
-    def __init__(self, enabled: bool = True, decay: float = 0.7, min_backoff: int = 8, max_backoff: int = 64) -> None:
+    def __init__(self, enabled: bool = True, decay: float = 0.7, min_backoff: int = 8, max_backoff: int = 64,
+                 measure_plain_after: int = 3) -> None:
         self.enabled = enabled
         self.decay = decay
         self.min_backoff, self.max_backoff = min_backoff, max_backoff
@@ -44,8 +47,12 @@ class SpeculationGate:
         self.drafted_rate: float | None = None  # tokens per second of drafted steps
         self.plain_rate: float | None = None  # tokens per second of plain steps
         self.probing = False  # the next drafted step ends a pause
+        self.measure_plain_after = measure_plain_after
+        self.drafted_steps = 0
 
     def should_draft(self) -> bool:
+        if self.enabled and self.plain_rate is None and self.drafted_steps >= self.measure_plain_after:
+            return False  # measure one plain step
         if not self.enabled or self.paused_for == 0:
             return True
         self.paused_for -= 1
@@ -55,6 +62,7 @@ class SpeculationGate:
         if not self.enabled or seconds <= 0:
             return
         rate = tokens / seconds
+        self.drafted_steps += drafted
         if not drafted:
             self.plain_rate = self._ema(self.plain_rate, rate)
             return
