@@ -258,7 +258,7 @@ def markdown(report: dict) -> str:
     lines += ["", "alpha: accepted / draft positions reached, offline against the target's own outputs; c: propose "
                   "seconds per drafted token / one target decode step; predicted: Leviathan's "
                   "(1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)), weighted by the share of steps with a draft; "
-                  "overlapped: a step costs max(K c, 1); measured: tok/s end to end over target-only, same prompts, "
+                  "overlapped: a step on the lookahead (alpha^(K+1)) costs max(K c, 1), others K c + 1; measured: tok/s end to end over target-only, same prompts, "
                   "interleaved."]
     lines += ["", "alpha by draft position: " + "; ".join(
         f"{name} " + " ".join(f"{a:.2f}" for a in r["alpha_by_draft_position"])

@@ -11,24 +11,24 @@ and costs K*c + 1 target-step units when drafting and verification run one after
     speedup = (1 - alpha^(K+1)) / ((1 - alpha) * (K*c + 1)).
 
 Overlapped (the two-queue pipeline: the draft for step t+1 is computed while the target verifies
-step t), the draft cost hides behind verification as long as it is shorter, so a step costs
-max(K*c, 1) units and
+step t), a step that lands on the lookahead (all K accepted and the bonus token guessed, probability
+alpha^(K+1)) costs max(K*c, 1): the draft hid behind verification. Any other step leaves the next
+draft to be made afresh after it, costing K*c + 1 as sequentially, so
 
-    speedup_overlapped = (1 - alpha^(K+1)) / ((1 - alpha) * max(K*c, 1)).
+    cost_overlapped = alpha^(K+1) * max(K*c, 1) + (1 - alpha^(K+1)) * (K*c + 1).
 
 Model-free drafters (n-gram, retrieval) often have nothing to propose; with `coverage` = the share of
 steps that carry a draft, the other steps are plain decode steps (1 token for 1 unit), and the speedup
 is the ratio of the mixture's tokens to its cost (coverage=1, the default, is Leviathan's formula).
 
-All assume a verify pass over K+1 tokens costs as much as one decode step (on a CPU it costs more:
-MODELS.md measures 1.2x for K=8 on the 1.5b), so they are upper bounds to check against a measured run.
-The pipeline's K schedule (runtime/schedule.py, `predicted_speedup`) refines both: verify cost growing
-with K, and an overlapped step that misses the lookahead paying draft + verify.
+`growth` models a verify pass that grows with K (on a CPU: MODELS.md measures 1.2x for K=8 on the
+1.5b): verify costs 1 + growth*K units. With growth = 0 these are upper bounds to check against a
+measured run; the pipeline's K schedule (runtime/schedule.py) fits growth from measured verify times.
 """
 
 from __future__ import annotations
 
-__all__ = ["best_k", "expected_tokens_per_step", "speedup"]
+__all__ = ["best_k", "expected_tokens_per_step", "speedup", "step_cost"]
 
 
 def _check(alpha: float, k: int, c: float = 0.0) -> None:
@@ -48,19 +48,29 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def speedup(alpha: float, k: int, c: float, overlapped: bool = False, coverage: float = 1.0) -> float:
+def step_cost(alpha: float, k: int, c: float, overlapped: bool = False, growth: float = 0.0) -> float:
+    """Wall time of one drafted step in target-step units (see the module docstring)."""
+    verify_cost = 1.0 + growth * k
+    if not overlapped:
+        return verify_cost + k * c
+    hit = alpha ** (k + 1)
+    return hit * max(verify_cost, k * c) + (1.0 - hit) * (verify_cost + k * c)
+
+
+def speedup(alpha: float, k: int, c: float, overlapped: bool = False, coverage: float = 1.0,
+            growth: float = 0.0) -> float:
     """Expected wall-time speedup over target-only decoding (Leviathan's formula).
 
     overlapped=False: drafting then verifying, a step costs k*c + 1 target steps.
-    overlapped=True: drafting runs alongside verification, a step costs max(k*c, 1).
+    overlapped=True: drafting runs alongside verification (see step_cost).
     coverage: share of steps with a draft (the rest are plain decode steps); 1 = Leviathan's formula.
+    growth: extra verify cost per draft token, in target-step units.
     """
     _check(alpha, k, c)
     if not 0.0 <= coverage <= 1.0:
         raise ValueError(f"coverage must be in [0, 1], got {coverage}")
-    step_cost = max(k * c, 1.0) if overlapped else k * c + 1.0
     tokens = coverage * expected_tokens_per_step(alpha, k) + (1.0 - coverage)
-    return tokens / (coverage * step_cost + (1.0 - coverage))
+    return tokens / (coverage * step_cost(alpha, k, c, overlapped, growth) + (1.0 - coverage))
 
 
 def best_k(alpha: float, c: float, k_max: int = 16, overlapped: bool = False,

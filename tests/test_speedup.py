@@ -24,9 +24,20 @@ def test_speedup_sequential_by_hand():
 
 
 def test_speedup_overlapped_by_hand():
-    assert speedup(0.5, 2, 0.25, overlapped=True) == pytest.approx(1.75)  # 0.5 of drafting hides behind verify
-    assert speedup(0.5, 2, 1.0, overlapped=True) == pytest.approx(1.75 / 2)  # drafting (2) outlasts verify (1)
-    assert speedup(0.8, 4, 0.05, overlapped=True) == pytest.approx(3.3616)
+    # alpha 0.5, K 2: the step lands on the lookahead with probability 0.5^3 = 0.125.
+    # c 0.25: 0.125 * max(0.5, 1) + 0.875 * 1.5 = 1.4375
+    assert speedup(0.5, 2, 0.25, overlapped=True) == pytest.approx(1.75 / 1.4375)
+    # c 1: drafting (2) outlasts verify (1): 0.125 * 2 + 0.875 * 3 = 2.875
+    assert speedup(0.5, 2, 1.0, overlapped=True) == pytest.approx(1.75 / 2.875)
+    # alpha 0.8, K 4, c 0.05: 0.32768 * 1 + 0.67232 * 1.2 = 1.134464
+    assert speedup(0.8, 4, 0.05, overlapped=True) == pytest.approx(3.3616 / 1.134464)
+    assert speedup(1.0, 4, 0.05, overlapped=True) == pytest.approx(5.0)  # always on the lookahead: free drafts
+    # a verify pass growing by 0.05 per draft token, sequential: 1 + 0.2 + 0.4
+    assert speedup(0.8, 4, 0.1, growth=0.05) == pytest.approx(3.3616 / 1.6)
+    for alpha in (0.1, 0.5, 0.9):  # overlap never costs more than sequential
+        for k in (1, 4, 8):
+            for c in (0.01, 0.2, 1.0):
+                assert speedup(alpha, k, c, overlapped=True) >= speedup(alpha, k, c) - 1e-12
 
 
 def test_speedup_with_coverage_by_hand():
