@@ -46,8 +46,10 @@ def test_greedy_equality_on_smollm2(smol, kind):
                             "self-draft": lambda: TorchDraftModel(TorchCausalLM(smol.verifier.model))}[kind]()
             spec = smol.generate(ids, cfg)
             assert spec.token_ids == target_only.token_ids, messages
-            if kind == "self-draft":
-                assert spec.stats.mean_accepted_length > 2.5
+            if kind == "self-draft":  # the target as its own draft: every drafted token is accepted
+                # (how many are drafted per step follows measured costs: K stays small when a draft
+                # token costs what a verify pass does, so the mean accepted length is not asserted)
+                assert spec.stats.drafted_tokens > 0 and spec.stats.acceptance_rate == 1.0
             if kind == "random":  # nearly every draft rejected: the KV cache rolls back every step
                 assert spec.stats.accepted_tokens < spec.stats.drafted_tokens / 4
     finally:
