@@ -1,10 +1,9 @@
 """An exported draft (mirrorsd.exporters) on ONNX Runtime, with the KV cache held on the host.
 
 The graphs take the cache in and give back only the new tokens' keys/values (see
-mirrorsd.exporters.decoder). This class keeps the cache in numpy arrays, writes each block's new
-keys/values at the write pointer, and reconciles against the caller's token history like
-TorchCausalLM does: longest common prefix, then move the pointer there. Rolling back rejected draft
-tokens is therefore only moving the pointer: slots past it are masked out and overwritten later.
+mirrorsd.exporters.decoder). This class keeps the cache in numpy arrays and writes each block's new
+keys/values at the write pointer; reconciling with the token history and rollback by pointer are
+HostCacheLM's.
 
 NPU profile: every call uses a fixed shape (cache of max_context slots; a block of 1 token, or a
 padded prefill chunk when several tokens are missing), as QNN / OpenVINO NPU require.
@@ -13,27 +12,28 @@ Dynamic profile: the cache up to the pointer and the missing tokens are passed a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from mirrorsd.errors import ExportError, PromptError, ProviderError
+from mirrorsd.errors import ExportError, ProviderError
 from mirrorsd.exporters.decoder import block_mask, io_names
+from mirrorsd.runtime.host_cache import HostCacheLM
 
 PREFILL_MIN = 4  # missing tokens from which a padded prefill chunk beats that many decode steps
 
 
-class OnnxCausalLM:
+class OnnxCausalLM(HostCacheLM):
     """score(committed, draft) -> logits [k+1, V] as torch.Tensor (the TorchCausalLM interface the
     draft-model drafter uses), over one or two ONNX Runtime sessions."""
 
     def __init__(self, folder: str | Path, manifest: dict, provider: str = "CPUExecutionProvider",
                  provider_options: dict | None = None, threads: int | None = None,
                  record: Callable[[str, dict], None] | None = None) -> None:
-        from mirrorsd.devices.providers import make_sessions
+        from mirrorsd.devices.providers import make_sessions, provider_name
 
+        super().__init__()
         self.folder = Path(folder)
         self.manifest = manifest
         self.profile = manifest["profile"]
@@ -44,42 +44,10 @@ class OnnxCausalLM:
         self.input_names, self.output_names = io_names(self.layers)
         self.blocks = {name: g["block"] for name, g in manifest["graphs"].items()}
         self.sessions = make_sessions(self.folder, manifest, provider, provider_options, threads)
-        self.provider = provider
+        self.provider = provider_name(provider)
         self._record = record
         shape = (self.layers * 2, 1, int(dims["kv_heads"]), self.max_context, int(dims["head_dim"]))
         self._kv = np.zeros(shape, dtype=np.float32)  # [2 * layers, 1, n_kv, slots, d]; k0, v0, k1, ...
-        self._cached: list[int] = []  # tokens whose keys/values sit in slots [0, len)
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")  # logits come back on the host whatever the provider
-
-    def reset(self) -> None:
-        self._cached = []
-
-    def truncate(self, length: int) -> None:
-        del self._cached[length:]  # the pointer moves; the slots past it are masked and rewritten
-
-    def _common_prefix(self, tokens: Sequence[int]) -> int:
-        i = 0
-        for a, b in zip(self._cached, tokens):
-            if a != b:
-                break
-            i += 1
-        return i
-
-    def score(self, committed: Sequence[int], draft: Sequence[int] = ()) -> torch.Tensor:
-        """Logits [k+1, V] (float32): row i is the distribution after committed + draft[:i]."""
-        if not committed:
-            raise PromptError("cannot score an empty context", "give the model at least one prompt token")
-        tokens = [int(t) for t in committed] + [int(t) for t in draft]
-        if len(tokens) > self.max_context:
-            raise PromptError(f"{len(tokens)} tokens exceed the exported draft's context of {self.max_context}",
-                              "re-export with a larger --max-context")
-        keep = min(self._common_prefix(tokens), len(committed) - 1)
-        self.truncate(keep)
-        rows = self._feed(tokens[keep:])
-        return torch.from_numpy(rows[-(len(draft) + 1):])
 
     def _feed(self, new: list[int]) -> np.ndarray:
         """Run the missing tokens through the graphs; logits [len(new), V]."""
