@@ -81,6 +81,12 @@ def compatible(export: ExportInfo, backend: str) -> bool:
     return True
 
 
+def _preference(export: ExportInfo, backend: str) -> int:
+    """Lower is better: QNN, OpenVINO NPU and VitisAI run int8 QDQ fastest; the others float."""
+    int8_first = backend in ("QNNExecutionProvider", "OpenVINOExecutionProvider", "VitisAIExecutionProvider")
+    return 0 if (export.quant == "int8") == int8_first else 1
+
+
 def _verifier(inv: Inventory, override: str | None) -> tuple[str, str]:
     if override and override != "auto":
         return override, "asked for (--verifier-device)"
@@ -109,9 +115,9 @@ def place(inv: Inventory, exports: list[ExportInfo] = (), explicit: bool = False
                          f"no exported draft that {backend} can run was given or found: {chain}")
     npus = npu_backends(inv)
     for backend, what in npus:
-        for export in exports:
-            if compatible(export, backend):
-                return Placement(verifier, verifier_reason, "export", backend, export.path, what)
+        fitting = sorted((e for e in exports if compatible(e, backend)), key=lambda e: _preference(e, backend))
+        if fitting:
+            return Placement(verifier, verifier_reason, "export", backend, fitting[0].path, what)
     if explicit and exports:
         export = exports[0]
         why = "no NPU here" if not npus else f"{npus[0][0]} cannot run this export ({export.profile} profile, " \
