@@ -135,8 +135,10 @@ def devices(
                                                                         f"{e.profile}, quant {e.quant})" for e in exports))
     p = place(inv, exports, explicit=bool(draft), draft_device=draft_device, verifier_device=verifier_device)
     print(f"verifier -> {p.verifier}: {p.verifier_reason}")
-    where = f"{p.draft_export} on {p.draft_backend}" if p.draft == "export" else "model-free chain"
-    print(f"draft    -> {where}: {p.draft_reason}")
+    if p.draft == "export":
+        print(f"draft    -> {p.draft_export} on {p.draft_backend}: {p.draft_reason}")
+    else:
+        print(f"draft    -> {p.draft_reason}")
 
 
 @app.command("export")
@@ -192,6 +194,23 @@ def export_cmd(
         if not manifest["validation"]["passed"]:
             print(f"warning: validation criteria not met ({manifest['validation'].get('criteria')}); the export "
                   "still drafts losslessly, with a lower acceptance rate", file=sys.stderr)
+
+
+@app.command("draft-bench")
+def draft_bench(
+    draft: Annotated[str, typer.Option(help="Draft model to export and time.")] = "qwen2.5-coder-0.5b",
+    target: Annotated[str, typer.Option(help="Target whose acceptance of the drafts is measured.")] = "qwen2.5-coder-1.5b",
+    prompts: Annotated[int, typer.Option(help="Number of HumanEval prompts (from 0).")] = 3,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per prompt.")] = 64,
+    k: Annotated[int, typer.Option("--k", help="Draft tokens per verify step (fixed).")] = 4,
+    threads: Annotated[int, typer.Option(help="Threads for torch and ONNX Runtime alike.")] = 1,
+    exports: Annotated[Optional[str], typer.Option(help="Folder for the exports (reused when present).")] = None,
+) -> None:
+    """Draft tokens/s and acceptance of one draft through torch vs ONNX Runtime fp32 / int8 / int4."""
+    from mirrorsd.apps.draft_bench import run_draft_bench
+
+    run_draft_bench(draft=draft, target=target, n_prompts=prompts, max_new_tokens=max_new_tokens, k=k,
+                    threads=threads, exports=exports)
 
 
 datastore_app = typer.Typer(no_args_is_help=True, help="Retrieval datastores for the retrieval drafter.")
