@@ -195,3 +195,16 @@ def test_manifest_is_plain_json_with_what_a_runtime_needs(exports):
                 "precision", "quant", "quant_form", "opset", "tools", "providers"):
         assert key in manifest
     assert manifest["quant_form"].startswith("QDQ") and "QNNExecutionProvider" in manifest["providers"]
+
+
+def test_fp16_export_keeps_float32_io_and_tracks_pytorch(tmp_path, target_model, tokenizer):
+    from onnx import TensorProto
+
+    manifest = export_draft(target_model, tmp_path / "fp16", profile="dynamic", precision="fp16", max_context=128,
+                            tokenizer=tokenizer)
+    model = onnx.load(str(tmp_path / "fp16" / "model.onnx"))
+    weights = [t for t in model.graph.initializer if len(t.dims) == 2]
+    assert weights and all(t.data_type == TensorProto.FLOAT16 for t in weights)
+    assert model.graph.input[3].type.tensor_type.elem_type == TensorProto.FLOAT  # the host code stays float32
+    report = manifest["validation"]
+    assert report["top1_agreement"] > 0.98 and report["mean_kl"] < 1e-3, report
