@@ -121,9 +121,6 @@ def export_coreml(model, out: Path, max_context: int, quant: str) -> tuple[dict,
     import coremltools as ct
 
     model = model.float().eval()
-    if model.config.model_type not in ("llama", "qwen2"):
-        raise ExportError(f"Core ML export of {model.config.model_type!r} is not supported",
-                          "export a Llama / Qwen2 family model")
     prog = build_program(model, max_context)
     mlmodel = ct.convert(prog, minimum_deployment_target=ct.target.iOS18, convert_to="mlprogram",
                          compute_precision=ct.precision.FLOAT16, skip_model_load=True)

@@ -28,6 +28,15 @@ MASK_MIN = -30000.0  # additive mask value: exp() underflows to 0, and it still 
 SUPPORTED = ("llama", "qwen2")
 
 
+def check_supported(config) -> None:
+    from mirrorsd.errors import ExportError
+
+    if config.model_type not in SUPPORTED:
+        raise ExportError(f"exporting {config.model_type!r} models is not supported",
+                          f"export a model of the {' / '.join(SUPPORTED)} families (e.g. smollm2-135m, "
+                          "qwen2.5-coder-0.5b)")
+
+
 def model_dims(config) -> dict:
     """Layer count, kv heads, head size, vocab: what the host needs to hold the cache."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -39,13 +48,8 @@ def model_dims(config) -> dict:
 class ExplicitCacheDecoder(nn.Module):
     def __init__(self, model) -> None:
         super().__init__()
-        from mirrorsd.errors import ExportError
-
         cfg = model.config
-        if cfg.model_type not in SUPPORTED:
-            raise ExportError(f"exporting {cfg.model_type!r} models is not supported",
-                              f"export a model of the {' / '.join(SUPPORTED)} families (e.g. smollm2-135m, "
-                              "qwen2.5-coder-0.5b)")
+        check_supported(cfg)
         self.model = model.eval()
         self.dims = model_dims(cfg)
         self.groups = self.dims["heads"] // self.dims["kv_heads"]

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import platform
 import shutil
 import time
 from pathlib import Path
 
 from mirrorsd.errors import ConfigError, ExportError
-
-log = logging.getLogger("mirrorsd")
 
 FORMATS = ("onnx", "coreml")
 PROFILES = ("npu", "dynamic")
@@ -65,7 +62,7 @@ def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str = "npu"
     pass its tokenizer). out: the export folder (replaced if it holds an earlier export).
     """
     _check_options(fmt, profile, precision, quant, max_context, prefill_chunk)
-    from mirrorsd.exporters.decoder import model_dims
+    from mirrorsd.exporters.decoder import check_supported, model_dims
     from mirrorsd.exporters.manifest import MANIFEST, tool_versions, write_manifest
     from mirrorsd.runtime.datastore import tokenizer_fingerprint
 
@@ -78,6 +75,7 @@ def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str = "npu"
         model, tokenizer = load_model(spec, torch.device("cpu"), torch.float32, progress)
     if tokenizer is None:
         raise ConfigError("an in-memory model needs its tokenizer", "export_draft(model, out, tokenizer=tok)")
+    check_supported(model.config)
     out = Path(out)
     if out.exists():
         if any(out.iterdir()) and not (out / MANIFEST).is_file():

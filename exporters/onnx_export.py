@@ -14,7 +14,6 @@ Weights go to external data next to each graph (`<graph>.onnx.data`), as large m
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import warnings
@@ -23,8 +22,6 @@ from pathlib import Path
 import torch
 
 from mirrorsd.exporters.decoder import ExplicitCacheDecoder, block_mask, io_names
-
-log = logging.getLogger("mirrorsd")
 
 OPSET = 18
 

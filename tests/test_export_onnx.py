@@ -12,7 +12,7 @@ import onnx
 import pytest
 import torch
 
-from conftest import make_model, make_tokenizer
+from conftest import make_tokenizer
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.errors import ConfigError, ExportError, ProviderError, TokenizerMismatchError
 from mirrorsd.exporters import export_draft, read_manifest, validate_export
@@ -208,3 +208,12 @@ def test_fp16_export_keeps_float32_io_and_tracks_pytorch(tmp_path, target_model,
     assert model.graph.input[3].type.tensor_type.elem_type == TensorProto.FLOAT  # the host code stays float32
     report = manifest["validation"]
     assert report["top1_agreement"] > 0.98 and report["mean_kl"] < 1e-3, report
+
+
+def test_an_unsupported_architecture_is_refused_before_exporting(tmp_path, tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2))
+    with pytest.raises(ExportError, match="'gpt2' models is not supported") as err:
+        export_draft(gpt2, tmp_path / "gpt2", tokenizer=tokenizer)
+    assert "qwen2.5-coder-0.5b" in err.value.hint and not (tmp_path / "gpt2").exists()

@@ -6,7 +6,6 @@ import pytest
 
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.exporters import export_draft
-from mirrorsd.runtime.drafters.exported import drafter_from_export
 
 pytestmark = pytest.mark.integration
 
