@@ -222,3 +222,20 @@ def test_an_unsupported_architecture_is_refused_before_exporting(tmp_path, token
     with pytest.raises(ExportError, match="'gpt2' models is not supported") as err:
         export_draft(gpt2, tmp_path / "gpt2", tokenizer=tokenizer)
     assert "qwen2.5-coder-0.5b" in err.value.hint and not (tmp_path / "gpt2").exists()
+
+
+def test_qwen2_family_with_qkv_bias_and_tied_embeddings_exports_exactly(tmp_path, tokenizer):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=True, rope_theta=1e6)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # random (non-zero) q/k biases, as trained Qwen2 models have
+            layer.self_attn.q_proj.bias.normal_()
+            layer.self_attn.k_proj.bias.normal_()
+    report = export_draft(model, tmp_path / "qwen2", profile="npu", max_context=64, prefill_chunk=8,
+                          tokenizer=tokenizer)["validation"]
+    assert report["passed"] and report["max_abs_logit_diff"] <= 1e-4, report
