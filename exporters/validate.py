@@ -62,7 +62,7 @@ def validate_export(folder: str | Path, model=None, tokenizer=None, target=None,
     lm = _load_lm(folder, manifest, provider)
     diffs, top1, kls, greedy_equal = [], [], [], 0
     for text in PROMPTS:
-        prompt = tokenizer(text)["input_ids"]
+        prompt = tokenizer(text)["input_ids"][: manifest["max_context"] // 2]
         room = min(continuation, manifest["max_context"] - len(prompt) - 1)
         with torch.no_grad():
             ref_seq = model.generate(torch.tensor([prompt]), max_new_tokens=room, do_sample=False,
@@ -114,8 +114,9 @@ def _acceptance(lm, manifest: dict, target, tokenizer) -> float | None:
     engine.eos_ids = frozenset()
     drafted = accepted = 0
     for text in PROMPTS:
-        room = min(CONTINUATION, manifest["max_context"] - len(tokenizer(text)["input_ids"]) - 1)
-        stats = engine.generate(text, GenerationConfig(max_new_tokens=room, num_draft_tokens=4)).stats
+        prompt = tokenizer(text)["input_ids"][: manifest["max_context"] // 2]
+        room = min(CONTINUATION, manifest["max_context"] - len(prompt) - 1)
+        stats = engine.generate(prompt, GenerationConfig(max_new_tokens=room, num_draft_tokens=4)).stats
         drafted += stats.drafted_tokens
         accepted += stats.accepted_tokens
     return accepted / drafted if drafted else None
