@@ -1,9 +1,9 @@
-"""mirrorsd.devices: which torch device runs the verifier, and in which dtype.
+"""mirrorsd.devices: what this machine has (discovery), where the verifier and the draft run
+(placement), the torch device and dtype of the verifier, and ONNX Runtime provider options."""
 
-NPU discovery (ONNX Runtime providers, Core ML) and the draft placement policy join this package
-with the exporters; today drafters run on torch devices or need none (n-gram).
-"""
-
+from mirrorsd.devices.discovery import EpDevice, Inventory, TorchBackend, discover
+from mirrorsd.devices.placement import ExportInfo, Placement, compatible, npu_backends, place
 from mirrorsd.devices.torch_devices import best_torch_device, default_dtype, parse_dtype, resolve_device
 
-__all__ = ["best_torch_device", "default_dtype", "parse_dtype", "resolve_device"]
+__all__ = ["EpDevice", "ExportInfo", "Inventory", "Placement", "TorchBackend", "best_torch_device", "compatible",
+           "default_dtype", "discover", "npu_backends", "parse_dtype", "place", "resolve_device"]

@@ -19,7 +19,8 @@ def generate(
     prompt: Annotated[str, typer.Argument(help="Prompt text (sent through the chat template unless --raw).")],
     target: Annotated[str, typer.Option(help="Target model: catalog name, folder, .gguf or hub id.")] = "smollm2-135m",
     draft: Annotated[str, typer.Option(help="auto | ngram | retrieval[:DIR] | chain[:DIR] | none | a draft model "
-                                            "(catalog name, folder, .gguf).")] = "auto",
+                                            "(catalog name, folder, .gguf) | an export folder "
+                                            "(mirrorsd export).")] = "auto",
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 256,
     temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 samples.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (1.0 = off).")] = 1.0,
@@ -28,8 +29,11 @@ def generate(
     seed: Annotated[Optional[int], typer.Option(help="Seed for sampling.")] = None,
     num_draft_tokens: Annotated[int, typer.Option("--k", help="Draft tokens per step (start value if adaptive).")] = 8,
     stop: Annotated[Optional[list[str]], typer.Option(help="Stop string (repeatable).")] = None,
-    device: Annotated[str, typer.Option(help="Target device: auto | cpu | cuda[:N] | mps.")] = "auto",
-    draft_device: Annotated[Optional[str], typer.Option(help="Draft model device (default: same as --device).")] = None,
+    device: Annotated[str, typer.Option("--verifier-device", "--device",
+                                        help="Target (verifier) device: auto | cpu | cuda[:N] | mps | xpu.")] = "auto",
+    draft_device: Annotated[Optional[str], typer.Option(
+        help="Draft device: a torch device for a draft model (default: the verifier's), or a backend for an "
+             "export: cpu | coreml | qnn | openvino | dml | vitisai | cuda (default: the placement policy).")] = None,
     dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
     raw: Annotated[bool, typer.Option(help="Use the prompt as raw text, no chat template.")] = False,
     pipeline: Annotated[str, typer.Option(help="auto | sequential | overlap | branches (how drafting and "
@@ -146,6 +150,118 @@ def eval_drafts(
     candidates = tuple(drafter or ("ngram", "retrieval", "chain"))
     run_eval_drafts(EvalOptions(workload=workload, target=target, drafters=candidates, samples=samples, seed=seed, max_new_tokens=max_new_tokens, k_max=k_max,
                                 price_per_hour=price_per_hour, dtype=dtype, out=out), command=command_line())
+
+
+@app.command()
+def devices(
+    draft: Annotated[Optional[str], typer.Option(help="An export folder to place (default: the exports cache).")] = None,
+    draft_device: Annotated[Optional[str], typer.Option(help="Draft backend override.")] = None,
+    verifier_device: Annotated[Optional[str], typer.Option(help="Verifier device override.")] = None,
+) -> None:
+    """What this machine has, and what would run where, and why."""
+    from mirrorsd.devices import discover, place
+    from mirrorsd.devices.placement import ExportInfo, npu_backends
+    from mirrorsd.exporters.manifest import read_manifest
+    from mirrorsd.runtime.drafters.exported import exports_dir
+
+    inv = discover()
+    print(f"system      {inv.system} {inv.machine}; CPU {inv.cpu}, {inv.cores} cores")
+    for b in inv.torch:
+        memory = f", {b.memory_gb} GB" if b.memory_gb else ""
+        print(f"torch       {b.device}: {b.name}{memory}")
+    print(f"onnxruntime providers: {', '.join(inv.providers) or 'none (onnxruntime not installed)'}")
+    for d in inv.ep_devices:
+        print(f"            EP device: {d.provider} -> {d.device_type} ({d.vendor})")
+    print(f"Core ML     {'available' if inv.coreml else 'not available (macOS with coremltools only)'}")
+    npus = npu_backends(inv)
+    print("NPU         " + ("; ".join(f"{b}: {what}" for b, what in npus) if npus else "none found"))
+    for note in inv.notes:
+        print(f"note        {note}")
+    if draft:
+        exports = [ExportInfo.from_manifest(draft, read_manifest(draft))]
+    else:
+        exports = [ExportInfo.from_manifest(p.parent, read_manifest(p.parent))
+                   for p in sorted(exports_dir().glob("*/manifest.json"))]
+        print(f"exports     {len(exports)} in {exports_dir()}" + "".join(f"\n            {e.path} ({e.format}, "
+                                                                        f"{e.profile}, quant {e.quant})" for e in exports))
+    p = place(inv, exports, explicit=bool(draft), draft_device=draft_device, verifier_device=verifier_device)
+    print(f"verifier -> {p.verifier}: {p.verifier_reason}")
+    if p.draft == "export":
+        print(f"draft    -> {p.draft_export} on {p.draft_backend}: {p.draft_reason}")
+    else:
+        print(f"draft    -> {p.draft_reason}")
+
+
+@app.command("export")
+def export_cmd(
+    model: Annotated[Optional[str], typer.Option(help="Draft model: catalog name, folder or .gguf.")] = None,
+    out: Annotated[Optional[str], typer.Option(help="Export folder to write.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="onnx | coreml.")] = "onnx",
+    profile: Annotated[str, typer.Option(help="npu (static shapes) | dynamic (CPU/GPU providers).")] = "npu",
+    precision: Annotated[str, typer.Option(help="fp32 | fp16.")] = "fp32",
+    quant: Annotated[str, typer.Option(help="none | int8 (QDQ for npu, dynamic for dynamic) | int4.")] = "none",
+    max_context: Annotated[int, typer.Option(help="KV cache slots (longest context the draft sees).")] = 1024,
+    prefill_chunk: Annotated[int, typer.Option(help="Tokens per prefill block (npu profile).")] = 16,
+    validate: Annotated[Optional[str], typer.Option(help="Only validate this export folder.")] = None,
+    no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip validation after exporting.")] = False,
+    target: Annotated[Optional[str], typer.Option(help="Verifier for the validation's acceptance rate "
+                                                       "(default: the exported model itself).")] = None,
+    provider: Annotated[str, typer.Option(help="ONNX Runtime provider the validation runs on.")] = "cpu",
+) -> None:
+    """Export a draft model to ONNX / Core ML for an NPU (and validate it), or validate an export."""
+    from mirrorsd.errors import ConfigError
+
+    if validate:
+        from mirrorsd.exporters import validate_export
+
+        target_model = None
+        if target:
+            import torch
+
+            from mirrorsd.models import load_model
+
+            from mirrorsd.exporters.manifest import check_tokenizer, read_manifest
+
+            target_model, target_tok = load_model(target, torch.device("cpu"), torch.float32, progress=True)
+            check_tokenizer(read_manifest(validate), target_tok, target, validate)
+        report = validate_export(validate, target=target_model, provider=provider)
+        print(json.dumps(report, indent=1))
+        if not report["passed"]:
+            print(f"validation FAILED ({report.get('criteria', 'spec')})", file=sys.stderr)
+            raise typer.Exit(1)
+        return
+    if not model or not out:
+        raise ConfigError("mirrorsd export needs --model and --out (or --validate DIR)",
+                          "e.g. mirrorsd export --model smollm2-135m --out exports/smollm2-npu")
+    from mirrorsd.exporters import export_draft
+
+    manifest = export_draft(model, out, fmt=fmt, profile=profile, precision=precision, quant=quant,
+                            max_context=max_context, prefill_chunk=prefill_chunk, validate=not no_validate,
+                            progress=True)
+    print(f"{out}: {fmt} {manifest['profile']} profile, {manifest['precision']}, quant {manifest['quant_form']}, "
+          f"max context {manifest['max_context']}, exported in {manifest['export_seconds']} s")
+    if "validation" in manifest:
+        print(json.dumps(manifest["validation"], indent=1))
+        if not manifest["validation"]["passed"]:
+            print(f"warning: validation criteria not met ({manifest['validation'].get('criteria')}); the export "
+                  "still drafts losslessly, with a lower acceptance rate", file=sys.stderr)
+
+
+@app.command("draft-bench")
+def draft_bench(
+    draft: Annotated[str, typer.Option(help="Draft model to export and time.")] = "qwen2.5-coder-0.5b",
+    target: Annotated[str, typer.Option(help="Target whose acceptance of the drafts is measured.")] = "qwen2.5-coder-1.5b",
+    prompts: Annotated[int, typer.Option(help="Number of HumanEval prompts (from 0).")] = 3,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per prompt.")] = 64,
+    k: Annotated[int, typer.Option("--k", help="Draft tokens per verify step (fixed).")] = 4,
+    threads: Annotated[int, typer.Option(help="Threads for torch and ONNX Runtime alike.")] = 1,
+    exports: Annotated[Optional[str], typer.Option(help="Folder for the exports (reused when present).")] = None,
+) -> None:
+    """Draft tokens/s and acceptance of one draft through torch vs ONNX Runtime fp32 / int8 / int4."""
+    from mirrorsd.apps.draft_bench import run_draft_bench
+
+    run_draft_bench(draft=draft, target=target, n_prompts=prompts, max_new_tokens=max_new_tokens, k=k,
+                    threads=threads, exports=exports)
 
 
 datastore_app = typer.Typer(no_args_is_help=True, help="Retrieval datastores for the retrieval drafter.")

@@ -46,22 +46,28 @@ class Engine:
     @classmethod
     def load(cls, target: str = "smollm2-135m", draft: str | Drafter | None = "auto", device: str | None = "auto",
              dtype: str | torch.dtype | None = "auto", draft_device: str | None = None,
-             draft_dtype: str | torch.dtype | None = None, progress: bool = False) -> "Engine":
+             draft_dtype: str | torch.dtype | None = None, progress: bool = False,
+             verifier_device: str | None = None) -> "Engine":
         """Load a target and pick a drafter.
 
         draft: "auto" (best available; today the model-free chain: n-gram + retrieval from the default
         stdlib datastore, built once per tokenizer), "ngram", "retrieval" / "chain" (default datastore),
         "retrieval:PATH" / "chain:PATH" (your datastore, learning from each reply), "none"/None
         (target-only decoding through the same runtime), a model argument (catalog name, folder, .gguf,
-        hub id) for an independent torch draft model, or a Drafter instance.
+        hub id) for an independent torch draft model, an export folder (`mirrorsd export`, holding
+        manifest.json) for a draft on ONNX Runtime / Core ML, or a Drafter instance. With an NPU and a
+        compatible export in the exports cache, "auto" drafts with that export on the NPU.
+        device / verifier_device (alias): the target's torch device. draft_device: a torch device for a
+        torch draft model, or a backend for an export (cpu, coreml, qnn, openvino, dml, vitisai, cuda).
         """
         from mirrorsd.devices import parse_dtype, resolve_device
         from mirrorsd.models import load_model
 
+        device = verifier_device or device
         dev = resolve_device(device)
         model, tokenizer = load_model(target, dev, parse_dtype(dtype, dev), progress)
         drafter = _make_drafter(draft, tokenizer, target, draft_device or device,
-                                draft_dtype or dtype, progress)
+                                draft_dtype or dtype, progress, export_device=draft_device)
         # A draft model that fails mid-request hands over to n-gram drafting (free to set up; retrieval
         # would first need a datastore for this tokenizer), then plain decoding.
         fallback = NGramDrafter() if hasattr(drafter, "propose_iter") else None
@@ -204,7 +210,8 @@ class Engine:
         self.close()
 
 
-def _make_drafter(draft, target_tokenizer, target_name: str, device, dtype, progress: bool) -> Drafter | None:
+def _make_drafter(draft, target_tokenizer, target_name: str, device, dtype, progress: bool,
+                  export_device: str | None = None) -> Drafter | None:
     """See Engine.load for the accepted values of `draft`."""
     if draft is None or draft == "none":
         return None
@@ -213,6 +220,12 @@ def _make_drafter(draft, target_tokenizer, target_name: str, device, dtype, prog
     if draft == "ngram":
         return NGramDrafter()
     kind, _, where = draft.partition(":")
+    if draft == "auto":
+        from mirrorsd.runtime.drafters.exported import auto_export_drafter
+
+        exported = auto_export_drafter(target_tokenizer, export_device)
+        if exported is not None:
+            return exported
     if kind in ("auto", "chain", "retrieval") and (kind != "auto" or not where):
         from mirrorsd.runtime.datastore import Datastore, default_datastore
 
@@ -220,6 +233,12 @@ def _make_drafter(draft, target_tokenizer, target_name: str, device, dtype, prog
                  else default_datastore(target_tokenizer, progress=progress, tokenizer_name=target_name))
         retrieval = RetrievalDrafter(store, learn=bool(where))
         return retrieval if kind == "retrieval" else ChainDrafter(NGramDrafter(), retrieval)
+    from mirrorsd.exporters.manifest import is_export
+
+    if is_export(draft):
+        from mirrorsd.runtime.drafters.exported import drafter_from_export
+
+        return drafter_from_export(draft, target_tokenizer, target_name, export_device)
     from mirrorsd.devices import parse_dtype, resolve_device
     from mirrorsd.models import load_model
 

@@ -49,3 +49,11 @@ class RollbackUnsupportedError(MirrorsdError):
 
 class DatastoreError(MirrorsdError):
     """A retrieval datastore that cannot be used: missing, truncated, corrupt, or built for another tokenizer."""
+
+
+class ExportError(MirrorsdError):
+    """A draft model that cannot be exported, or an export folder that fails to load or validate."""
+
+
+class ProviderError(MirrorsdError):
+    """An execution provider / device that is not installed here or refuses the exported draft."""

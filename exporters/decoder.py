@@ -1,0 +1,107 @@
+"""The draft model as an explicit-cache decoder: the graph every exporter writes.
+
+`ExplicitCacheDecoder` re-expresses a Llama-family transformers model (Llama, Qwen2: q/k/v
+projections with or without bias, grouped-query attention, RoPE, RMSNorm, gated MLP) as a pure
+function of its inputs, so nothing about the cache lives inside the graph:
+
+    inputs   input_ids [1, T] int64, position_ids [1, T] int64,
+             attention_mask [1, 1, T, P + T] float32 (additive: 0 = attend, MASK_MIN = hidden),
+             past_key_i / past_value_i [1, n_kv, P, head_dim] float32 for each layer i
+    outputs  logits [1, T, vocab] float32,
+             new_key_i / new_value_i [1, n_kv, T, head_dim]: keys/values of the T new tokens only
+
+The host owns the cache. In the NPU profile P is the fixed cache size and T a fixed block size
+(1 for a decode step, C for a prefill chunk); the host writes the new keys/values at its write
+pointer, and rolling back rejected draft tokens is moving that pointer back (positions past it are
+masked out). In the dynamic profile P and T vary and the host passes the cache up to the pointer.
+The layers' own modules (projections, norms, MLP, rotary embedding) are called, so the numerics
+are the model's; only the attention is spelled out in plain MatMul/Softmax, which NPU compilers take.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+MASK_MIN = -30000.0  # additive mask value: exp() underflows to 0, and it still fits in float16
+
+SUPPORTED = ("llama", "qwen2")
+
+
+def check_supported(config) -> None:
+    from mirrorsd.errors import ExportError
+
+    if config.model_type not in SUPPORTED:
+        raise ExportError(f"exporting {config.model_type!r} models is not supported",
+                          f"export a model of the {' / '.join(SUPPORTED)} families (e.g. smollm2-135m, "
+                          "qwen2.5-coder-0.5b)")
+
+
+def model_dims(config) -> dict:
+    """Layer count, kv heads, head size, vocab: what the host needs to hold the cache."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return {"layers": int(config.num_hidden_layers), "kv_heads": int(config.num_key_value_heads),
+            "heads": int(config.num_attention_heads), "head_dim": int(head_dim),
+            "hidden": int(config.hidden_size), "vocab": int(config.vocab_size)}
+
+
+class ExplicitCacheDecoder(nn.Module):
+    def __init__(self, model) -> None:
+        super().__init__()
+        cfg = model.config
+        check_supported(cfg)
+        self.model = model.eval()
+        self.dims = model_dims(cfg)
+        self.groups = self.dims["heads"] // self.dims["kv_heads"]
+        self.scale = self.dims["head_dim"] ** -0.5
+
+    def forward(self, input_ids, position_ids, attention_mask, *past):
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        inner = self.model.model
+        d, nkv, nh = self.dims["head_dim"], self.dims["kv_heads"], self.dims["heads"]
+        t = input_ids.shape[1]
+        h = inner.embed_tokens(input_ids)  # [1, T, hidden]
+        cos, sin = inner.rotary_emb(h, position_ids)  # [1, T, d]
+        new_kv = []
+        for i, layer in enumerate(inner.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(1, t, nh, d).transpose(1, 2)  # [1, nh, T, d]
+            k = attn.k_proj(x).view(1, t, nkv, d).transpose(1, 2)  # [1, nkv, T, d]
+            v = attn.v_proj(x).view(1, t, nkv, d).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            new_kv += [k, v]
+            keys = torch.cat([past[2 * i], k], dim=2)  # [1, nkv, P + T, d]
+            values = torch.cat([past[2 * i + 1], v], dim=2)
+            if self.groups > 1:
+                keys = keys.repeat_interleave(self.groups, dim=1)  # [1, nh, P + T, d]
+                values = values.repeat_interleave(self.groups, dim=1)
+            scores = torch.matmul(q, keys.transpose(2, 3)) * self.scale + attention_mask  # [1, nh, T, P + T]
+            probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+            out = torch.matmul(probs, values).transpose(1, 2).reshape(1, t, nh * d)
+            h = h + attn.o_proj(out)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits = self.model.lm_head(inner.norm(h))  # [1, T, V]
+        return (logits, *new_kv)
+
+
+def io_names(layers: int) -> tuple[list[str], list[str]]:
+    past = [f"past_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
+    new = [f"new_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
+    return ["input_ids", "position_ids", "attention_mask", *past], ["logits", *new]
+
+
+def block_mask(pointer: int, past_len: int, t: int, n_real: int | None = None):
+    """Additive mask [1, 1, t, past_len + t] for a block whose first token sits at position
+    `pointer`: past slots below the pointer are visible, the block is causal, and padding rows
+    (beyond n_real) see only themselves so their softmax stays finite."""
+    import numpy as np
+
+    n_real = t if n_real is None else n_real
+    mask = np.full((1, 1, t, past_len + t), MASK_MIN, dtype=np.float32)
+    mask[..., :pointer] = 0.0
+    causal = np.tril(np.ones((t, t), dtype=bool))
+    causal[n_real:, :] = np.eye(t, dtype=bool)[n_real:, :]
+    mask[0, 0, :, past_len:][causal] = 0.0
+    return mask

@@ -1,0 +1,148 @@
+"""`export_draft`: one call (and `mirrorsd export`) from a model to a validated export folder."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import time
+from pathlib import Path
+
+from mirrorsd.errors import ConfigError, ExportError
+
+FORMATS = ("onnx", "coreml")
+PROFILES = ("npu", "dynamic")
+PRECISIONS = ("fp32", "fp16")
+QUANTS = ("none", "int8", "int4")
+
+# Text the exports are calibrated and validated on: code, prose, chat, JSON (short, so it is fast).
+PROMPTS = [
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "The quick brown fox jumps over the lazy dog. Speculative decoding lets a small model",
+    "import numpy as np\n\nfor i in range(10):\n    print(i * 2)\n",
+    '{"name": "mirrorsd", "version": 1, "tokens": [1, 2, 3], "fast": true}',
+]
+
+
+def _check_options(fmt: str, profile: str, precision: str, quant: str, max_context: int, prefill_chunk: int) -> None:
+    for value, allowed, what in ((fmt, FORMATS, "format"), (profile, PROFILES, "profile"),
+                                 (precision, PRECISIONS, "precision"), (quant, QUANTS, "quant")):
+        if value not in allowed:
+            raise ConfigError(f"unknown {what} {value!r}", f"use one of {', '.join(allowed)}")
+    if quant != "none" and precision != "fp32":
+        raise ConfigError("quantized exports start from fp32 weights", "pass --precision fp32 with --quant")
+    if fmt == "onnx" and quant == "int4" and profile == "npu":
+        raise ConfigError("4-bit MatMulNBits is a CPU/GPU provider format; NPU providers do not take it",
+                          "use --profile dynamic with --quant int4, or --quant int8 (QDQ) for the NPU profile")
+    if fmt == "coreml" and (quant == "int8" or profile == "dynamic"):
+        raise ConfigError("Core ML exports are static (KV cache as state) with fp16 or int4/palettized weights",
+                          "use --format coreml [--quant int4]")
+    if max_context < 16 or not 1 < prefill_chunk <= max_context:
+        raise ConfigError(f"max_context {max_context} / prefill_chunk {prefill_chunk} out of range",
+                          "use e.g. --max-context 1024 (prefill chunk 2..max_context)")
+
+
+def providers_for(fmt: str, profile: str, quant: str) -> list[str]:
+    """The providers an export is built for (recorded in the manifest)."""
+    if fmt == "coreml":
+        return ["CoreML (CPU_AND_NE)"]
+    if profile == "npu":
+        npu = ["QNNExecutionProvider", "OpenVINOExecutionProvider", "VitisAIExecutionProvider"] if quant == "int8" \
+            else ["CoreMLExecutionProvider", "OpenVINOExecutionProvider", "DmlExecutionProvider"]
+        return npu + ["CPUExecutionProvider"]
+    gpu = ["CUDAExecutionProvider", "DmlExecutionProvider"] if quant != "int8" else []
+    return ["CPUExecutionProvider", *gpu]
+
+
+def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str = "npu", precision: str = "fp32",
+                 quant: str = "none", max_context: int = 1024, prefill_chunk: int = 16, tokenizer=None,
+                 validate: bool = True, progress: bool = False) -> dict:
+    """Export a draft model; returns the manifest (with a "validation" report unless validate=False).
+
+    model: a model argument (catalog name, folder, .gguf) or an in-memory transformers model (then
+    pass its tokenizer). out: the export folder (replaced if it holds an earlier export).
+    """
+    _check_options(fmt, profile, precision, quant, max_context, prefill_chunk)
+    from mirrorsd.exporters.decoder import check_supported, model_dims
+    from mirrorsd.exporters.manifest import MANIFEST, tool_versions, write_manifest
+    from mirrorsd.runtime.datastore import tokenizer_fingerprint
+
+    spec = model if isinstance(model, str) else None
+    if spec is not None:
+        import torch
+
+        from mirrorsd.models import load_model
+
+        model, tokenizer = load_model(spec, torch.device("cpu"), torch.float32, progress)
+    if tokenizer is None:
+        raise ConfigError("an in-memory model needs its tokenizer", "export_draft(model, out, tokenizer=tok)")
+    check_supported(model.config)
+    out = Path(out)
+    if out.exists():
+        if any(out.iterdir()) and not (out / MANIFEST).is_file():
+            raise ExportError(f"{out} exists and is not an earlier export", "pick an empty or new --out folder")
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    max_context = min(max_context, int(getattr(model.config, "max_position_embeddings", max_context) or max_context))
+    dims = model_dims(model.config)
+    t0 = time.perf_counter()
+    prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    try:
+        if fmt == "onnx":
+            from mirrorsd.exporters.onnx_export import OPSET, export_onnx_graphs
+
+            graphs = export_onnx_graphs(model, out, profile, max_context, prefill_chunk, precision, quant, prompts)
+            extra = {"opset": OPSET, "io": _onnx_io(dims, graphs, profile, max_context)}
+        else:
+            from mirrorsd.exporters.coreml_export import export_coreml
+
+            graphs, extra = export_coreml(model, out, max_context, quant)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)  # no half-written export left behind
+        raise
+    manifest = {
+        "format": fmt, "profile": "npu" if fmt == "coreml" else profile,
+        "model": spec or getattr(model.config, "name_or_path", "") or "in-memory model",
+        "model_type": model.config.model_type, "dims": dims, "max_context": max_context,
+        "prefill_chunk": prefill_chunk if profile == "npu" and fmt == "onnx" else None,
+        "graphs": graphs, "vocab_size": dims["vocab"],
+        "tokenizer": {"fingerprint": tokenizer_fingerprint(tokenizer), "size": len(tokenizer),
+                      "eos_token_id": tokenizer.eos_token_id},
+        "precision": "fp16" if fmt == "coreml" else precision, "quant": quant,
+        "quant_form": _quant_form(fmt, profile, quant), "providers": providers_for(fmt, profile, quant),
+        "tools": tool_versions(), "export_seconds": round(time.perf_counter() - t0, 1),
+        "exported_on": platform.platform(), **extra,
+    }
+    write_manifest(out, manifest)
+    if validate:
+        from mirrorsd.exporters.validate import validate_export
+
+        manifest["validation"] = validate_export(out, model=model, tokenizer=tokenizer)
+        write_manifest(out, manifest)
+    return manifest
+
+
+def _quant_form(fmt: str, profile: str, quant: str) -> str:
+    if quant == "none":
+        return "none"
+    if quant == "int4":
+        return "palettized 4-bit (coremltools.optimize)" if fmt == "coreml" else "MatMulNBits 4-bit, block 32"
+    return "QDQ int8 (static, calibrated)" if profile == "npu" else "dynamic int8 (MatMulInteger)"
+
+
+def _onnx_io(dims: dict, graphs: dict, profile: str, max_context: int) -> dict:
+    """Input/output names and shapes of each graph ("T"/"P" mark dynamic axes)."""
+    from mirrorsd.exporters.decoder import io_names
+    from mirrorsd.exporters.manifest import io_spec
+
+    inputs, outputs = io_names(dims["layers"])
+    kv, d, v = dims["kv_heads"], dims["head_dim"], dims["vocab"]
+    spec = {}
+    for name, graph in graphs.items():
+        t = graph["block"] or "T"
+        p = max_context if profile == "npu" else "P"
+        pt = (p + t) if profile == "npu" else "P+T"
+        in_shapes = [[1, t], [1, t], [1, 1, t, pt]] + [[1, kv, p, d]] * (2 * dims["layers"])
+        out_shapes = [[1, t, v]] + [[1, kv, t, d]] * (2 * dims["layers"])
+        spec[name] = {"inputs": io_spec(inputs, in_shapes, ["int64", "int64"] + ["float32"] * (len(inputs) - 2)),
+                      "outputs": io_spec(outputs, out_shapes, ["float32"] * len(outputs))}
+    return spec

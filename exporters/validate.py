@@ -1,0 +1,122 @@
+"""Validation of an export against the PyTorch model it came from (`mirrorsd export --validate DIR`).
+
+- fp32: logits within ATOL of PyTorch's on the CPU provider, for the prefill and decode paths;
+- fp16 / quantized: top-1 agreement >= TOP1_MIN and greedy equality of a 64-token continuation;
+  mean KL(torch || export) reported;
+- always: the acceptance rate the export achieves as a draft for a verifier (by default the model it
+  came from, so the rate measures what export and quantization cost; pass `target` for the real pair).
+- Core ML: on macOS the same numbers through Core ML; elsewhere Core ML cannot predict, so the
+  package's spec (inputs, states, outputs, shapes, precision) is checked and numerics are skipped.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mirrorsd.errors import ExportError
+
+ATOL = 1e-4
+TOP1_MIN = 0.99
+CONTINUATION = 64
+
+
+def _reference(manifest: dict, model, tokenizer):
+    if model is not None and tokenizer is not None:
+        return model.float().eval(), tokenizer
+    from mirrorsd.errors import MirrorsdError
+    from mirrorsd.models import load_model
+
+    try:
+        return load_model(manifest["model"], torch.device("cpu"), torch.float32)
+    except MirrorsdError as exc:
+        raise ExportError(f"cannot load {manifest['model']!r}, the model this export came from, to compare against",
+                          "validate from Python with validate_export(DIR, model=..., tokenizer=...)") from exc
+
+
+def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
+    p = torch.log_softmax(torch.from_numpy(p_logits).double(), -1)
+    q = torch.log_softmax(torch.from_numpy(q_logits).double(), -1)
+    return (p.exp() * (p - q)).sum(-1).numpy()
+
+
+def validate_export(folder: str | Path, model=None, tokenizer=None, target=None, provider: str = "cpu",
+                    continuation: int = CONTINUATION) -> dict:
+    """Compare an export with its PyTorch model; returns the report (report["passed"] says it all)."""
+    from mirrorsd.exporters.export import PROMPTS
+    from mirrorsd.exporters.manifest import read_manifest
+
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if manifest["format"] == "coreml":
+        from mirrorsd.exporters.coreml_export import check_coreml_spec
+
+        spec = check_coreml_spec(folder, manifest)
+        if platform.system() != "Darwin":
+            return {"spec": spec, "passed": spec["ok"],
+                    "numerics": "skipped: Core ML runs predictions only on macOS (spec checked instead)"}
+    model, tokenizer = _reference(manifest, model, tokenizer)
+    lm = _load_lm(folder, manifest, provider)
+    diffs, top1, kls, greedy_equal = [], [], [], 0
+    for text in PROMPTS:
+        prompt = tokenizer(text)["input_ids"][: manifest["max_context"] // 2]
+        room = min(continuation, manifest["max_context"] - len(prompt) - 1)
+        with torch.no_grad():
+            ref_seq = model.generate(torch.tensor([prompt]), max_new_tokens=room, do_sample=False,
+                                     min_new_tokens=room, pad_token_id=tokenizer.pad_token_id or 0)[0].tolist()
+            ref = model(torch.tensor([ref_seq])).logits[0].float().numpy()  # [L, V]
+        lm.reset()
+        rows = [lm.score(prompt[:1], prompt[1:]).numpy()]  # prompt: the prefill path
+        rows += [lm.score(ref_seq[: i + 1]).numpy() for i in range(len(prompt), len(ref_seq))]  # decode path
+        got = np.concatenate(rows)[: len(ref_seq)]
+        diffs.append(float(np.abs(got - ref).max()))
+        top1.append(float((got.argmax(-1) == ref.argmax(-1)).mean()))
+        kls.append(float(_kl(ref, got).mean()))
+        lm.reset()
+        context = list(prompt)
+        for _ in range(room):
+            context.append(int(lm.score(context)[-1].argmax()))
+        greedy_equal += context == ref_seq
+    exact = manifest["quant"] == "none" and manifest["precision"] == "fp32"
+    report = {
+        "provider": getattr(lm, "provider", "coreml"), "prompts": len(PROMPTS), "continuation": continuation,
+        "max_abs_logit_diff": max(diffs), "top1_agreement": float(np.mean(top1)), "mean_kl": float(np.mean(kls)),
+        "greedy_equal": f"{greedy_equal}/{len(PROMPTS)}",
+        "criteria": f"max |logit diff| <= {ATOL}" if exact else f"top-1 >= {TOP1_MIN:.0%} and greedy equal",
+    }
+    report["passed"] = bool(max(diffs) <= ATOL if exact else
+                            (report["top1_agreement"] >= TOP1_MIN and greedy_equal == len(PROMPTS)))
+    report["acceptance_rate"] = _acceptance(lm, manifest, target or model, tokenizer)
+    return report
+
+
+def _load_lm(folder: Path, manifest: dict, provider: str):
+    if manifest["format"] == "coreml":
+        from mirrorsd.runtime.coreml_model import CoreMLCausalLM
+
+        return CoreMLCausalLM(folder, manifest)
+    from mirrorsd.devices.providers import provider_name
+    from mirrorsd.runtime.onnx_model import OnnxCausalLM
+
+    return OnnxCausalLM(folder, manifest, provider_name(provider))
+
+
+def _acceptance(lm, manifest: dict, target, tokenizer) -> float | None:
+    """Greedy acceptance rate of the export drafting for `target` over the validation prompts."""
+    from mirrorsd import Engine, GenerationConfig
+    from mirrorsd.exporters.export import PROMPTS
+    from mirrorsd.runtime.drafters import TorchDraftModel
+
+    engine = Engine(target, tokenizer, TorchDraftModel(lm, name="export"))
+    engine.eos_ids = frozenset()
+    drafted = accepted = 0
+    for text in PROMPTS:
+        prompt = tokenizer(text)["input_ids"][: manifest["max_context"] // 2]
+        room = min(CONTINUATION, manifest["max_context"] - len(prompt) - 1)
+        stats = engine.generate(prompt, GenerationConfig(max_new_tokens=room, num_draft_tokens=4)).stats
+        drafted += stats.drafted_tokens
+        accepted += stats.accepted_tokens
+    return accepted / drafted if drafted else None
