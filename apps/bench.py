@@ -198,9 +198,16 @@ def _sum_stats(outs: list[Output]):
         "acceptance_rate": round(sum(s.accepted_tokens for s in stats) / drafted, 3),
         "per_position_acceptance": [round(a / d, 3) for a, d in zip(pos_a, pos_d) if d],
         "propose_us_per_step": round(sum(s.draft_time_s for s in stats) / steps * 1e6),
+        "draft_hidden_share": _ratio(sum(s.draft_hidden_s for s in stats), sum(s.draft_time_s for s in stats)),
+        "branch_hit_rate": _ratio(sum(s.branch_hits for s in stats),
+                                  sum(s.branch_hits + s.branch_misses for s in stats)),
         "drafters": _merge_counts(s.drafters for s in stats),
         "fallbacks": sorted({f for s in stats for f in s.fallbacks}),
     }
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
 
 
 def _merge_counts(dicts) -> dict:
@@ -232,7 +239,7 @@ def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -
             "greedy_equal_to_target_only": all(equal) if equal else None,
             "mismatched_prompts": [prompts[i].label for i in all_idx if row_cells[i].equal is False],
             "mean_accepted_length": None, "acceptance_rate": None, "per_position_acceptance": [],
-            "propose_us_per_step": None,
+            "propose_us_per_step": None, "draft_hidden_share": None, "branch_hit_rate": None,
         }
         summed = _sum_stats([cell.first for cell in row_cells])
         if summed:
@@ -322,7 +329,8 @@ def _equal_cell(r: dict) -> str:
 
 
 def _row_cells(r: dict, categories: list[str], terminal: bool = False) -> list[str]:
-    extra = [] if terminal else [_fmt(r["acceptance_rate"]), _fmt(r["propose_us_per_step"], 0)]
+    extra = [] if terminal else [_fmt(r["acceptance_rate"]), _fmt(r["propose_us_per_step"], 0),
+                                 _fmt(r["draft_hidden_share"]), _fmt(r["branch_hit_rate"])]
     return [r["configuration"], f"{r['tokens_per_second']:.2f}", f"{r['speedup_vs_target_only']:.2f}x",
             *(f"{r['by_category'][c]['speedup_vs_target_only']:.2f}x" for c in categories),
             _fmt(r["mean_accepted_length"]), *extra, _equal_cell(r)]
@@ -332,7 +340,7 @@ def _headers(categories: list[str], terminal: bool = False) -> list[str]:
     if terminal:  # narrower: categories abbreviated, acceptance details left to report.md
         return ["configuration", "tok/s", "speedup", *(c[:5] for c in categories), "acc. len", "equal"]
     return ["configuration", "tok/s", "speedup", *categories, "mean accepted length", "acceptance",
-            "propose µs/step", "greedy equal"]
+            "propose µs/step", "draft hidden", "branch hits", "greedy equal"]
 
 
 def _title(report: dict) -> str:

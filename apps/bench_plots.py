@@ -100,8 +100,10 @@ def _timeline(plt, report, cells, prompts):
     drafted = [r for r in report["rows"] if r["ours"] and r["acceptance_rate"] is not None and r["configuration"] in cells]
     if not drafted:
         return None
-    # The configuration whose drafts cost the most time shows the draft/verify split best.
-    best = max(drafted, key=lambda r: (r["propose_us_per_step"] or 0, r["speedup_vs_target_only"]))
+    # The pipeline's overlap, if it ran, else the configuration whose drafts cost the most time, shows
+    # the draft/verify split best.
+    best = max(drafted, key=lambda r: ((r.get("draft_hidden_share") or 0) > 0, r["propose_us_per_step"] or 0,
+                                       r["speedup_vs_target_only"]))
     out = cells[best["configuration"]][i].first
     if not out.verify_spans:
         return None
