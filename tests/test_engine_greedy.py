@@ -63,13 +63,14 @@ def test_greedy_output_equals_target_only_and_transformers(kind, adaptive, targe
         assert result.token_ids == expected, prompt
         s = result.stats
         assert s.generated_tokens == 40 and s.verify_steps >= 1
-        # (with adaptive K, K follows measured costs: on these tiny models a draft costs about what a
-        # verify pass does, so K stays small; the mean accepted length is checked with a fixed K)
         if kind == "self":  # the target drafting for itself: every draft token is accepted
-            assert s.acceptance_rate == 1.0 and (adaptive or s.mean_accepted_length > 3)
+            # (not a mean accepted length: a self-draft token costs what a verify pass does, so the
+            # cost-aware K and the measured gate may rightly draft little)
+            assert s.acceptance_rate == 1.0
         if kind in ("random", "other-model"):  # rejections happened, so rollback was exercised
             assert s.drafted_tokens > 0 and s.accepted_tokens < s.drafted_tokens
         if kind in ("retrieval", "chain") and prompt in PROMPTS[:2]:  # the datastore knows these replies
+            # (mean accepted length with a fixed K only: the adaptive K follows measured costs)
             assert s.acceptance_rate > 0.8 and (adaptive or s.mean_accepted_length > 3)
 
 
