@@ -49,3 +49,7 @@ class RollbackUnsupportedError(MirrorsdError):
 
 class DatastoreError(MirrorsdError):
     """A retrieval datastore that cannot be used: missing, truncated, corrupt, or built for another tokenizer."""
+
+
+class EngineClosedError(MirrorsdError):
+    """A request on an Engine after its close() (or after its `with` block ended)."""

@@ -52,3 +52,23 @@ class FailingDrafter(RandomTokenDrafter):
     def accepted(self, committed, n_accepted):
         if self.how == "feedback-raises" and self.left < 0:
             raise RuntimeError("lost its state")
+
+
+class PacedDrafter:
+    """A real drafter on a slow device: wraps another drafter and takes `delay_s` to take in each
+    step's outcome (called every step, even while the gate pauses drafting), so a reply lasts long
+    enough for a test to stop it (or disconnect) midway, whatever the machine's speed."""
+
+    def __init__(self, inner, delay_s: float = 0.02) -> None:
+        self.inner, self.delay_s = inner, delay_s
+        self.name = inner.name
+
+    def start(self, config: GenerationConfig) -> None:
+        self.inner.start(config)
+
+    def propose(self, committed, max_tokens):
+        return self.inner.propose(committed, max_tokens)
+
+    def accepted(self, committed, n_accepted):
+        time.sleep(self.delay_s)
+        self.inner.accepted(committed, n_accepted)
