@@ -35,6 +35,7 @@ class Turn:
     before its first verify step finished."""
 
     text: str = ""
+    tail: str = ""  # the end of `text` that came with the FinishEvent (held back until then), not via on_token
     finish_reason: str = ""  # "stop", "length", "cancelled" or "error"
     result: GenerationResult | None = None
     error: str = ""
@@ -73,7 +74,7 @@ class ChatSession:
             for event in stream:
                 if isinstance(event, FinishEvent):
                     turn.result, turn.finish_reason = event.result, event.result.finish_reason
-                    turn.text += event.text
+                    turn.text, turn.tail = turn.text + event.text, event.text
                     turn.stats = event.result.stats.to_dict()
                     break
                 turn.text += event.text

@@ -64,7 +64,11 @@ class TorchCausalLM:
         if length == 0:
             self.reset()
             return
-        self._cache.crop(-extra)
+        try:
+            self._cache.crop(-extra)
+        except BaseException:  # interrupted midway (Ctrl-C): layers may differ in length now
+            self.reset()
+            raise
         del self._cached[length:]
 
     def _common_prefix(self, tokens: Sequence[int]) -> int:
@@ -96,11 +100,17 @@ class TorchCausalLM:
         if self._cache is None:
             self._cache = DynamicCache(config=self.model.config)
         input_ids = torch.tensor([new], dtype=torch.long, device=self.device)  # [1, n_new]
-        out = self.model(
-            input_ids=input_ids,
-            **{self._cache_kwarg: self._cache},
-            use_cache=True,
-            logits_to_keep=len(draft) + 1,
-        )
-        self._cached.extend(new)
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                **{self._cache_kwarg: self._cache},
+                use_cache=True,
+                logits_to_keep=len(draft) + 1,
+            )
+            self._cached.extend(new)
+        except BaseException:
+            # Interrupted mid-forward (Ctrl-C, out of memory): some layers may have appended to the
+            # cache and others not, so it no longer matches _cached. Start the next request afresh.
+            self.reset()
+            raise
         return out.logits[0, -(len(draft) + 1):].float()  # [k+1, V]

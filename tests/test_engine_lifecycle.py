@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -68,3 +70,29 @@ def test_threads_are_served_one_at_a_time_with_the_same_results(tokenizer, targe
     for t in threads:
         t.join()
     assert got == alone and drafter.most == 1
+
+
+def test_ctrl_c_anywhere_in_a_request_leaves_the_engine_usable(tokenizer, target_model):
+    """A real SIGINT lands wherever the main thread is (mid-forward, mid cache crop, in a drafter):
+    the next request must still be exactly right (KV caches are reset, never left half-updated)."""
+    engine = Engine(target_model, tokenizer, PacedDrafter(NGramDrafter(), 0.01))
+    follow_up = [{"role": "user", "content": "def f(x):"}, {"role": "assistant", "content": "ort"},
+                 {"role": "user", "content": "hi"}]
+    cfg = GenerationConfig(max_new_tokens=12)
+    expected = engine.generate(follow_up, cfg).token_ids
+    for delay in (0.0, 0.0, 0.0, 0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03):
+        first = threading.Event()
+
+        def interrupt():
+            first.wait(10)
+            time.sleep(delay)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        stream = engine.stream(follow_up[:1], GenerationConfig(max_new_tokens=200))  # shares the cached prefix
+        with pytest.raises(KeyboardInterrupt):
+            for _ in stream:
+                first.set()
+            time.sleep(5)  # the reply ended first: wait here for the signal
+        stream.close()
+        assert engine.generate(follow_up, cfg).token_ids == expected
