@@ -97,14 +97,21 @@ def bench(
               repeats=repeats, out=out, dtype=dtype)
 
 
+# Options `chat` and `serve` share.
+Target = Annotated[str, typer.Option(help="Target model: catalog name, folder, .gguf or hub id.")]
+Draft = Annotated[str, typer.Option(help="auto | ngram | retrieval[:DIR] | chain[:DIR] | none | a draft model.")]
+Device = Annotated[str, typer.Option(help="Target device: auto | cpu | cuda[:N] | mps.")]
+Dtype = Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")]
+
+
 @app.command()
 def chat(
-    target: Annotated[str, typer.Option(help="Target model: catalog name, folder, .gguf or hub id.")] = "smollm2-135m",
-    draft: Annotated[str, typer.Option(help="auto | ngram | retrieval[:DIR] | chain[:DIR] | none | a draft model.")] = "auto",
+    target: Target = "smollm2-135m",
+    draft: Draft = "auto",
     temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 samples.")] = 0.7,
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens per reply.")] = 512,
-    device: Annotated[str, typer.Option(help="Target device: auto | cpu | cuda[:N] | mps.")] = "auto",
-    dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
+    device: Device = "auto",
+    dtype: Dtype = "auto",
     terminal: Annotated[bool, typer.Option(help="Chat in the terminal even where a window could open.")] = False,
     highlight: Annotated[Optional[bool], typer.Option(help="Terminal: colour draft-accepted tokens "
                                                           "(default: when output is a terminal).")] = None,
@@ -120,8 +127,8 @@ def chat(
 
 @app.command()
 def serve(
-    target: Annotated[str, typer.Option(help="Target model: catalog name, folder, .gguf or hub id.")] = "smollm2-135m",
-    draft: Annotated[str, typer.Option(help="auto | ngram | retrieval[:DIR] | chain[:DIR] | none | a draft model.")] = "auto",
+    target: Target = "smollm2-135m",
+    draft: Draft = "auto",
     host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
     api_key: Annotated[Optional[str], typer.Option(envvar="MIRRORSD_API_KEY",
@@ -129,9 +136,9 @@ def serve(
     model_name: Annotated[Optional[str], typer.Option(help="Model id clients use (default: --target).")] = None,
     max_tokens_limit: Annotated[int, typer.Option(help="Largest max_tokens a request may ask for.")] = 4096,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body in bytes.")] = 1 << 20,
-    device: Annotated[str, typer.Option(help="Target device: auto | cpu | cuda[:N] | mps.")] = "auto",
+    device: Device = "auto",
     draft_device: Annotated[Optional[str], typer.Option(help="Draft model device (default: same as --device).")] = None,
-    dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
+    dtype: Dtype = "auto",
 ) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions (SSE streaming), /v1/models, /health."""
     try:

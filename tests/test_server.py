@@ -172,3 +172,39 @@ def test_concurrent_requests_are_served_in_turn(client, engine):
         texts = list(pool.map(lambda p: client.completions.create(model=MODEL, prompt=p, max_tokens=12,
                                                                   temperature=0).choices[0].text, prompts))
     assert texts == [engine.generate(p, GenerationConfig(max_new_tokens=12)).text for p in prompts]
+
+
+def test_mirrorsd_serve_command(tiny_folder):
+    """`mirrorsd serve` as a user starts it: a subprocess on a free loopback port, stopped with Ctrl-C."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "mirrorsd.cli", "serve", "--target", str(tiny_folder), "--draft",
+                             "ngram", "--port", str(port), "--api-key", "k", "--model-name", "tiny"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+        resp = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=6, temperature=0)
+        assert resp.usage.completion_tokens >= 1 and resp.model_extra["speculative"]["drafter"] in ("ngram", "none")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out and f"serving tiny at http://127.0.0.1:{port}/v1" in out
