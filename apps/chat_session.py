@@ -117,7 +117,15 @@ def stats_fields(stats: dict) -> dict[str, str]:
         "mean accepted length": f"{stats.get('mean_accepted_length', 0.0):.2f}",
         "drafter": str(stats.get("drafter", "none")),
         "tokens": str(stats.get("generated_tokens", 0)),
+        "pipeline": _pipeline(stats),
     }
+
+
+def _pipeline(stats: dict) -> str:
+    """The scheduling mode that ran (issue #4's pipeline) and how much drafting it hid."""
+    mode = str(stats.get("pipeline", "sequential"))
+    hidden = stats.get("hidden_draft_share")
+    return f"{mode}, {hidden:.0%} of drafting hidden" if hidden and mode != "sequential" else mode
 
 
 def stats_line(stats: dict) -> str:

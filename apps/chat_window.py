@@ -132,7 +132,7 @@ class ChatWindow(QMainWindow):
 
         stats = QHBoxLayout()
         self.stat_labels: dict[str, QLabel] = {}
-        for key in ("tokens/s", "acceptance", "mean accepted length", "drafter", "tokens"):
+        for key in stats_fields({}):
             label = QLabel(f"{key}: –", objectName=f"stat:{key}")
             self.stat_labels[key] = label
             stats.addWidget(label)

@@ -32,6 +32,12 @@ def generate(
     draft_device: Annotated[Optional[str], typer.Option(help="Draft model device (default: same as --device).")] = None,
     dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
     raw: Annotated[bool, typer.Option(help="Use the prompt as raw text, no chat template.")] = False,
+    pipeline: Annotated[str, typer.Option(help="auto | sequential | overlap | branches (how drafting and "
+                                               "verification are scheduled; output is the same).")] = "auto",
+    early_exit_layer: Annotated[Optional[int], typer.Option(help="l_e for branch hints (default: half depth).")] = None,
+    branch_width: Annotated[int, typer.Option(help="kappa: early-exit candidates per position.")] = 3,
+    trace: Annotated[Optional[str], typer.Option(help="Write the request's draft/verify timeline to this "
+                                                      "file (Chrome trace JSON: open in Perfetto or chrome://tracing).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
 ) -> None:
     """Generate text. Output is exactly what the target alone would produce."""
@@ -40,14 +46,15 @@ def generate(
 
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                            repetition_penalty=repetition_penalty, seed=seed, num_draft_tokens=num_draft_tokens,
-                           stop=tuple(stop or ()))
+                           stop=tuple(stop or ()), pipeline=pipeline, early_exit_layer=early_exit_layer,
+                           branch_width=branch_width)
     engine = Engine.load(target=target, draft=draft, device=device, dtype=dtype, draft_device=draft_device,
                          progress=True)
     request = prompt if raw else [{"role": "user", "content": prompt}]
     if not raw and getattr(engine.tokenizer, "chat_template", None) is None:
         request = prompt
     result = None
-    for event in engine.stream(request, cfg):
+    for event in engine.stream(request, cfg, trace=trace):
         if isinstance(event, FinishEvent):
             result = event.result
         if not as_json:
@@ -58,9 +65,12 @@ def generate(
         print(json.dumps(result.to_dict()))
     else:
         alpha = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"
+        hidden = "" if s.pipeline == "sequential" else f", {s.pipeline}: {s.hidden_draft_share or 0:.0%} of draft time hidden"
         print(f"\n\n[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s, drafter {s.drafter}, "
               f"acceptance {alpha}, mean accepted length {s.mean_accepted_length:.2f}, "
-              f"{s.verify_steps} verify steps, finish: {result.finish_reason}]", file=sys.stderr)
+              f"{s.verify_steps} verify steps{hidden}, finish: {result.finish_reason}]", file=sys.stderr)
+        if trace:
+            print(f"[trace written to {trace}]", file=sys.stderr)
 
 
 @app.command()

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from mirrorsd.errors import ConfigError
 
+PIPELINE_MODES = ("auto", "sequential", "overlap", "branches")
+
 
 @dataclass(frozen=True)
 class GenerationConfig:
@@ -38,11 +40,36 @@ class GenerationConfig:
     """K (gamma): draft tokens proposed per verify step; the starting value when adaptive_k is on."""
 
     adaptive_k: bool = True
-    """Grow K by 2 after a step where every draft token was accepted, shrink it by 1 otherwise
-    (transformers' heuristic), within [1, max_draft_tokens]."""
+    """Choose K per step within [1, max_draft_tokens] from measured costs: the K that maximises
+    Leviathan's predicted speedup for the running acceptance estimate and the measured ratio of draft
+    time per token to verify time (runtime/schedule.py). Seeded sampling uses transformers' heuristic
+    instead (all accepted: K += 2, else K -= 1), since a timing-based K would make the seed's random
+    stream depend on the machine's speed. False: K stays at num_draft_tokens."""
 
     max_draft_tokens: int = 16
     """Upper bound on K, whatever the schedule says."""
+
+    pipeline: str = "auto"
+    """How drafting and verification are scheduled:
+    "sequential": draft, then verify, on one thread (the reference loop, runtime/speculative.py);
+    "overlap": a draft worker thread drafts step t+1 while the target verifies step t, assuming step t
+    is fully accepted (runtime/pipeline.py);
+    "branches": overlap plus Mirror-SD early exit: the verify pass publishes its layer-l_e top-kappa
+    tokens and the draft worker prepares the likeliest correction branches (Llama/Qwen2/Mistral
+    targets; others run as "overlap");
+    "auto": "branches" for a draft model, "sequential" for model-free drafters (they draft in
+    microseconds, so there is nothing to hide). Output is identical in every mode."""
+
+    early_exit_layer: int | None = None
+    """l_e: the target layer whose output is read through the LM head for branch hints (1-based;
+    None = half the depth)."""
+
+    branch_width: int = 3
+    """kappa: early-exit candidates considered per draft position (0 turns branches off)."""
+
+    draft_timeout_s: float = 30.0
+    """A pipelined drafter that has not produced a draft this long after it was due is dropped for
+    the rest of the request (the model-free fallback serves on); output is unchanged."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -69,6 +96,15 @@ class GenerationConfig:
                 f"{self.num_draft_tokens} and {self.max_draft_tokens}",
                 "num_draft_tokens=0 turns drafting off; typical values are 4-16",
             )
+        if self.pipeline not in PIPELINE_MODES:
+            raise ConfigError(f"pipeline must be one of {', '.join(PIPELINE_MODES)}, got {self.pipeline!r}",
+                              "use auto unless you are comparing modes")
+        if self.branch_width < 0 or (self.early_exit_layer is not None and self.early_exit_layer < 1):
+            raise ConfigError(
+                f"branch_width must be >= 0 and early_exit_layer >= 1, got {self.branch_width} and "
+                f"{self.early_exit_layer}", "early_exit_layer=None picks half the target's depth")
+        if not (self.draft_timeout_s > 0):
+            raise ConfigError(f"draft_timeout_s must be > 0, got {self.draft_timeout_s}", "the default is 30 s")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:

@@ -14,7 +14,9 @@ from mirrorsd.contracts import Drafter
 from mirrorsd.errors import ConfigError, EngineClosedError, PromptError
 from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
 from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
+from mirrorsd.runtime.pipeline import overlap_threads, pipelined_decode
 from mirrorsd.runtime.speculative import speculative_decode
+from mirrorsd.runtime.timeline import Timeline
 from mirrorsd.runtime.torch_model import TorchCausalLM
 from mirrorsd.tokenizer_check import check_tokenizers_match
 
@@ -29,13 +31,17 @@ class Engine:
 
     Thread safety: calls are serialized, not batched. One request runs at a time (a lock taken when a
     stream starts and released when it finishes or is closed), so one Engine may be shared by threads;
-    the others wait their turn. Use as a context manager or call close()."""
+    the others wait their turn. Use as a context manager or call close().
+
+    fallback: the drafter that takes over when `drafter` fails mid-request (Engine.load gives a
+    model draft the model-free chain); None: plain decoding takes over."""
 
     def __init__(self, model, tokenizer, drafter: Drafter | None = None, device: torch.device | str | None = None,
-                 name: str = "target") -> None:
+                 name: str = "target", fallback: Drafter | None = None) -> None:
         self.verifier = TorchCausalLM(model, device)
         self.tokenizer = tokenizer
         self.drafter = drafter
+        self.fallback = fallback
         self.name = name
         self.eos_ids = _eos_ids(model, tokenizer)
         self._lock = threading.Lock()
@@ -60,7 +66,10 @@ class Engine:
         model, tokenizer = load_model(target, dev, parse_dtype(dtype, dev), progress)
         drafter = _make_drafter(draft, tokenizer, target, draft_device or device,
                                 draft_dtype or dtype, progress)
-        return cls(model, tokenizer, drafter, dev, name=target)
+        # A draft model that fails mid-request hands over to n-gram drafting (free to set up; retrieval
+        # would first need a datastore for this tokenizer), then plain decoding.
+        fallback = NGramDrafter() if hasattr(drafter, "propose_iter") else None
+        return cls(model, tokenizer, drafter, dev, name=target, fallback=fallback)
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -89,34 +98,63 @@ class Engine:
             )
         return ids
 
-    def generate(self, prompt: Prompt, config: GenerationConfig | None = None) -> GenerationResult:
-        """Run one request to completion."""
-        for event in self.stream(prompt, config):
+    def generate(self, prompt: Prompt, config: GenerationConfig | None = None,
+                 trace: str | None = None) -> GenerationResult:
+        """Run one request to completion (trace: see stream)."""
+        for event in self.stream(prompt, config, trace):
             if isinstance(event, FinishEvent):
                 return event.result
         raise AssertionError("stream ended without a FinishEvent")
 
-    def stream(self, prompt: Prompt, config: GenerationConfig | None = None) -> Iterator[Event]:
+    def stream(self, prompt: Prompt, config: GenerationConfig | None = None,
+               trace: str | None = None) -> Iterator[Event]:
         """TokenEvents as tokens are committed, then one FinishEvent with the whole result.
-        Closing the iterator early cancels the request."""
+        Closing the iterator early cancels the request (the draft worker, if any, is stopped).
+        trace: a file to write the request's draft/verify timeline to, in Chrome's trace format."""
         self._check_open()
         cfg = config or GenerationConfig()
         if not isinstance(cfg, GenerationConfig):
             raise ConfigError(f"config must be a GenerationConfig, got {type(cfg).__name__}", "")
         ids = self.encode(prompt)
-        return self._run(ids, cfg)
+        self.pipeline_mode(cfg)  # a bad early_exit_layer is reported now, not mid-stream
+        return self._run(ids, cfg, trace)
 
-    def _run(self, ids: list[int], cfg: GenerationConfig) -> Iterator[Event]:
+    def pipeline_mode(self, cfg: GenerationConfig) -> str:
+        """The mode `cfg.pipeline` resolves to with this drafter and target (see GenerationConfig)."""
+        mode = cfg.pipeline
+        if self.drafter is None:
+            return "sequential"
+        if mode == "auto":
+            mode = "branches" if hasattr(self.drafter, "propose_iter") else "sequential"
+        if mode == "branches" and not (self.verifier.supports_early_exit and cfg.branch_width > 0):
+            mode = "overlap"
+        if mode == "branches" and cfg.early_exit_layer is not None and cfg.early_exit_layer >= self.verifier.num_layers:
+            raise ConfigError(
+                f"early_exit_layer {cfg.early_exit_layer} is not inside {self.name}'s "
+                f"{self.verifier.num_layers} layers",
+                f"pick a layer from 1 to {self.verifier.num_layers - 1}, or None for half the depth")
+        return mode
+
+    def _steps(self, ids: list[int], cfg: GenerationConfig, budget: int, timeline: Timeline, mode: str):
+        if mode == "sequential":
+            return speculative_decode(self.verifier, self.drafter, ids, cfg, budget, timeline, self.fallback)
+        return pipelined_decode(self.verifier, self.drafter, ids, cfg, budget, branches=mode == "branches",
+                                fallback=self.fallback, timeline=timeline,
+                                threads=overlap_threads(self.verifier.device, self.drafter))
+
+    def _run(self, ids: list[int], cfg: GenerationConfig, trace: str | None) -> Iterator[Event]:
         with self._lock:
             self._check_open()
             start = time.perf_counter()
             budget = min(cfg.max_new_tokens, self.verifier.max_context - len(ids))
-            recorder = StatsRecorder(len(ids))
+            mode = self.pipeline_mode(cfg)
+            timeline = Timeline()
+            recorder = StatsRecorder(len(ids), timeline, mode)
             text = _TextAssembler(self.tokenizer, cfg.stop)
             tokens: list[int] = []
             from_draft: list[bool] = []
             finish = "length"
-            steps = speculative_decode(self.verifier, self.drafter, ids, cfg, budget)
+            steps = self._steps(ids, cfg, budget, timeline, mode)
             try:
                 for index, step in enumerate(steps):
                     kept = step.tokens
@@ -148,6 +186,8 @@ class Engine:
                     except Exception as exc:  # learning is best-effort; the reply is already right
                         log.warning("drafter %r could not learn from the request: %s", self.drafter, exc)
             recorder.generated = len(tokens)
+            if trace:
+                timeline.write_chrome_trace(trace)
             tail = text.flush()
             result = GenerationResult(text.text, tokens, finish, recorder.snapshot(time.perf_counter() - start),
                                       from_draft)
@@ -156,21 +196,23 @@ class Engine:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Wait for a running request to finish, then free the KV caches, drop the models (so their
-        device memory can be released) and close the drafter (its `close()`, if it has one). Calls
-        after close() raise EngineClosedError; closing twice is a no-op."""
+        """Wait for a running request to finish (its draft worker thread ends with it), then free the
+        KV caches, drop the models (so their device memory can be released) and close the drafters
+        (their `close()`, if they have one). Calls after close() raise EngineClosedError; closing
+        twice is a no-op."""
         with self._lock:
             if self.closed:
                 return
             self.closed = True
             self.verifier.reset()
-            lm = getattr(self.drafter, "lm", None)
-            if lm is not None:
-                lm.reset()
-                lm.model = None
-            drafter_close = getattr(self.drafter, "close", None)
-            if callable(drafter_close):
-                drafter_close()
+            for drafter in (self.drafter, self.fallback):
+                lm = getattr(drafter, "lm", None)
+                if lm is not None:
+                    lm.reset()
+                    lm.model = None
+                drafter_close = getattr(drafter, "close", None)
+                if callable(drafter_close):
+                    drafter_close()
             device = self.verifier.device
             self.verifier.model = None
             if device.type == "cuda":

@@ -15,13 +15,17 @@ class GenerationStats:
     verify_steps: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
-    draft_time_s: float = 0.0
-    verify_time_s: float = 0.0
+    draft_time_s: float = 0.0  # the draft worker's busy time (in sequential mode: time spent in propose)
+    verify_time_s: float = 0.0  # the target's busy time: verify passes, prompt prefill included
+    draft_hidden_s: float = 0.0  # drafting time that overlapped a verify pass (pipeline modes)
     total_time_s: float = 0.0
     per_position_drafted: tuple[int, ...] = ()
     per_position_accepted: tuple[int, ...] = ()
     drafters: dict[str, int] = field(default_factory=dict)  # source -> verify steps it served
     fallbacks: tuple[str, ...] = ()  # drafters dropped during the request, with the reason
+    pipeline: str = "sequential"  # the mode that ran: sequential, overlap or branches
+    branch_hits: int = 0  # steps that left the lookahead and landed on a prepared early-exit branch
+    branch_misses: int = 0  # steps that left the lookahead with branches prepared, none of them right
 
     @property
     def tokens_per_second(self) -> float:
@@ -44,6 +48,25 @@ class GenerationStats:
         return [a / d for a, d in zip(self.per_position_accepted, self.per_position_drafted) if d]
 
     @property
+    def hidden_draft_share(self) -> float | None:
+        """Share of drafting time hidden behind verification (0 when sequential)."""
+        return self.draft_hidden_s / self.draft_time_s if self.draft_time_s > 0 else None
+
+    @property
+    def draft_idle_s(self) -> float:
+        return max(0.0, self.total_time_s - self.draft_time_s)
+
+    @property
+    def verify_idle_s(self) -> float:
+        """Time the target waited: for drafts, and for the caller between tokens."""
+        return max(0.0, self.total_time_s - self.verify_time_s)
+
+    @property
+    def branch_hit_rate(self) -> float | None:
+        tried = self.branch_hits + self.branch_misses
+        return self.branch_hits / tried if tried else None
+
+    @property
     def drafter(self) -> str:
         """The drafter that served most steps ("none" if no step was drafted)."""
         drafted = {k: v for k, v in self.drafters.items() if k != "none"}
@@ -57,15 +80,22 @@ class GenerationStats:
             mean_accepted_length=self.mean_accepted_length,
             per_position_acceptance=self.per_position_acceptance,
             drafter=self.drafter,
+            hidden_draft_share=self.hidden_draft_share,
+            draft_idle_s=self.draft_idle_s,
+            verify_idle_s=self.verify_idle_s,
+            branch_hit_rate=self.branch_hit_rate,
         )
         return d
 
 
 class StatsRecorder:
-    """Accumulates Steps into GenerationStats."""
+    """Accumulates Steps (and the request's timeline of draft/verify work) into GenerationStats."""
 
-    def __init__(self, prompt_tokens: int) -> None:
+    def __init__(self, prompt_tokens: int, timeline=None, pipeline: str = "sequential") -> None:
         self.prompt_tokens = prompt_tokens
+        self.timeline = timeline
+        self.pipeline = pipeline
+        self.branch_hits = self.branch_misses = 0
         self.generated = self.steps = self.drafted = self.accepted = 0
         self.draft_time = self.verify_time = 0.0
         self.pos_drafted: list[int] = []
@@ -83,6 +113,8 @@ class StatsRecorder:
         self.drafters[step.source] += 1
         if step.fallback:
             self.fallbacks.append(step.fallback)
+        self.branch_hits += step.branch == "hit"
+        self.branch_misses += step.branch == "miss"
         while len(self.pos_drafted) < step.n_drafted:
             self.pos_drafted.append(0)
             self.pos_accepted.append(0)
@@ -91,19 +123,27 @@ class StatsRecorder:
             self.pos_accepted[i] += i < step.n_accepted
 
     def snapshot(self, total_time: float) -> GenerationStats:
+        draft_time, verify_time, hidden = self.draft_time, self.verify_time, 0.0
+        if self.timeline is not None:  # measured busy time per worker, overlap included
+            busy = self.timeline.busy
+            draft_time, verify_time, hidden = busy["draft"], busy["verify"], self.timeline.overlap
         return GenerationStats(
             prompt_tokens=self.prompt_tokens,
             generated_tokens=self.generated,
             verify_steps=self.steps,
             drafted_tokens=self.drafted,
             accepted_tokens=self.accepted,
-            draft_time_s=self.draft_time,
-            verify_time_s=self.verify_time,
+            draft_time_s=draft_time,
+            verify_time_s=verify_time,
+            draft_hidden_s=hidden,
             total_time_s=total_time,
             per_position_drafted=tuple(self.pos_drafted),
             per_position_accepted=tuple(self.pos_accepted),
             drafters=dict(self.drafters),
             fallbacks=tuple(self.fallbacks),
+            pipeline=self.pipeline,
+            branch_hits=self.branch_hits,
+            branch_misses=self.branch_misses,
         )
 
 

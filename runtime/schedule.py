@@ -14,6 +14,9 @@ class DraftLengthSchedule:
         self.max_k = config.max_draft_tokens
         self.k = min(config.num_draft_tokens, self.max_k)
 
+    def observe(self, n_drafted: int, draft_seconds: float, verify_seconds: float) -> None:
+        pass  # timing plays no part here: K depends on acceptance alone (reproducible)
+
     def update(self, n_drafted: int, n_accepted: int) -> int:
         if self.adaptive and n_drafted > 0 and self.k > 0:
             self.k = min(self.k + 2, self.max_k) if n_accepted == n_drafted else max(self.k - 1, 1)
@@ -66,3 +69,102 @@ class SpeculationGate:
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
+
+
+# -- the cost model (Leviathan et al. 2023, section 3.3) ------------------------------------------
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Tokens one verify step commits when each of k draft tokens is accepted with probability alpha
+    (given the ones before it were): (1 - alpha^(k+1)) / (1 - alpha)."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def step_cost(alpha: float, k: int, c: float, growth: float = 0.0, overlapped: bool = False) -> float:
+    """Wall time of one step, in units of one plain target forward pass.
+
+    c: time to draft one token / time of a plain target pass. growth: extra verify cost per draft
+    token (0 on a GPU where verifying k+1 tokens costs what one does). Sequential: draft then verify,
+    1 + growth*k + k*c. Overlapped (two workers): the next draft is made while this step verifies, so
+    when the step lands on the lookahead (all k accepted and the bonus guessed: alpha^(k+1)) the step
+    takes max(verify, draft); otherwise the next draft starts only when this verify ends and costs
+    verify + draft, as sequential decoding would."""
+    verify_cost = 1.0 + growth * k
+    if not overlapped:
+        return verify_cost + k * c
+    hit = alpha ** (k + 1)
+    return hit * max(verify_cost, k * c) + (1.0 - hit) * (verify_cost + k * c)
+
+
+def predicted_speedup(alpha: float, k: int, c: float, growth: float = 0.0, overlapped: bool = False) -> float:
+    """Speedup over target-only decoding: expected tokens per step / step cost (Leviathan's
+    (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)) when growth = 0 and not overlapped)."""
+    return expected_tokens_per_step(alpha, k) / step_cost(alpha, k, c, growth, overlapped)
+
+
+class CostAwareSchedule:
+    """K per step from measured costs: the k in [1, max_draft_tokens] with the highest predicted
+    speedup, given the running acceptance estimate alpha and the measured cost ratio c.
+
+    alpha is estimated as accepted / (accepted + rejections) over recent steps (the maximum-likelihood
+    estimate of a geometric acceptance model; a fully accepted step adds no rejection). Costs are
+    moving averages of the measured draft time per token and of the verify time, fitted as
+    t_verify(k) = a + b*k so that a CPU target, whose verify pass grows with k, is not over-fed.
+    Until costs are measured it behaves like DraftLengthSchedule's starting K.
+    """
+
+    def __init__(self, config: GenerationConfig, overlapped: bool = False, decay: float = 0.9) -> None:
+        self.max_k = config.max_draft_tokens
+        self.k = min(config.num_draft_tokens, self.max_k)
+        self.overlapped = overlapped
+        self.decay = decay
+        self.accepted = 1.0  # prior: alpha = 0.5 with the weight of one step
+        self.rejected = 1.0
+        self.draft_per_token: float | None = None
+        self._fit = [0.0] * 5  # decayed sums of w, k, k*k, t, k*t for t_verify = a + b*k
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def costs(self) -> tuple[float, float] | None:
+        """(c, growth) relative to a plain pass, or None before anything is measured."""
+        w, sk, skk, st, skt = self._fit
+        if w == 0 or self.draft_per_token is None:
+            return None
+        mean_k, mean_t = sk / w, st / w
+        var_k = skk / w - mean_k ** 2
+        b = max(0.0, (skt / w - mean_k * mean_t) / var_k) if var_k > 1e-6 else 0.0
+        a = max(mean_t - b * mean_k, 1e-9)
+        return self.draft_per_token / a, b / a
+
+    def observe(self, n_drafted: int, draft_seconds: float, verify_seconds: float) -> None:
+        """Timings of one step: the drafting that produced its n_drafted tokens, and its verify pass."""
+        d = self.decay
+        if n_drafted > 0 and draft_seconds > 0:
+            per_token = draft_seconds / n_drafted
+            self.draft_per_token = per_token if self.draft_per_token is None else d * self.draft_per_token + (1 - d) * per_token
+        self._fit = [d * s for s in self._fit]
+        for i, v in enumerate((1.0, n_drafted, n_drafted * n_drafted, verify_seconds, n_drafted * verify_seconds)):
+            self._fit[i] += v
+
+    def update(self, n_drafted: int, n_accepted: int) -> int:
+        if n_drafted > 0:
+            self.accepted = self.decay * self.accepted + n_accepted
+            self.rejected = self.decay * self.rejected + (n_accepted < n_drafted)
+        costs = self.costs()
+        if costs is not None:
+            c, growth = costs
+            alpha = self.alpha
+            self.k = max(range(1, self.max_k + 1),
+                         key=lambda k: predicted_speedup(alpha, k, c, growth, self.overlapped))
+        return self.k
+
+
+def make_schedule(config: GenerationConfig, overlapped: bool = False) -> DraftLengthSchedule | CostAwareSchedule:
+    """The cost-aware schedule, except where K must not depend on timing: fixed K (adaptive_k off) and
+    seeded sampling, whose random stream must be reproducible, use the deterministic heuristic."""
+    if not config.adaptive_k or (config.seed is not None and not config.greedy):
+        return DraftLengthSchedule(config)
+    return CostAwareSchedule(config, overlapped)

@@ -18,7 +18,8 @@ import numpy as np
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Draft, Drafter, Verifier
-from mirrorsd.runtime.schedule import DraftLengthSchedule, SpeculationGate
+from mirrorsd.runtime.schedule import SpeculationGate, make_schedule
+from mirrorsd.runtime.timeline import DRAFT, VERIFY, Timeline
 from mirrorsd.verify import verify
 
 log = logging.getLogger("mirrorsd")
@@ -35,6 +36,8 @@ class Step:
     draft_time: float  # seconds spent in propose()
     verify_time: float  # seconds spent in score() + verify()
     fallback: str | None = None  # why a drafter was dropped during this step, if it was
+    branch: str | None = None  # pipeline only: "hit"/"miss" when the step left the lookahead after
+    # early-exit branches were prepared, None otherwise
 
 
 def speculative_decode(
@@ -43,11 +46,15 @@ def speculative_decode(
     prompt_ids: Sequence[int],
     config: GenerationConfig,
     max_new_tokens: int,
+    timeline: Timeline | None = None,
+    fallback: Drafter | None = None,
 ) -> Iterator[Step]:
-    """Yield Steps until max_new_tokens are committed (the caller stops early on EOS/stop strings)."""
+    """Yield Steps until max_new_tokens are committed (the caller stops early on EOS/stop strings).
+    A drafter that fails is dropped for the request; `fallback` (if any) drafts from then on."""
+    timeline = timeline or Timeline()
     rng = np.random.default_rng(config.seed)
     committed = list(prompt_ids)
-    schedule = DraftLengthSchedule(config)
+    schedule = make_schedule(config)
     gate = SpeculationGate(enabled=config.greedy or config.seed is None)
     if drafter is not None:
         drafter.start(config)
@@ -55,7 +62,7 @@ def speculative_decode(
     while generated < max_new_tokens:
         # The step commits at most k + 1 tokens; never draft past the budget or the context.
         budget = min(schedule.k, max_new_tokens - generated - 1, verifier.max_context - len(committed) - 1)
-        fallback = None
+        reason = None
         t0 = time.perf_counter()
         draft = Draft.empty()
         if drafter is not None and budget > 0 and gate.should_draft():
@@ -63,22 +70,32 @@ def speculative_decode(
                 draft = drafter.propose(committed, budget)
                 _check_draft(draft, budget, verifier.vocab_size)
             except Exception as exc:  # a failing drafter costs speed, never output
-                fallback, drafter, draft = _drop(drafter, exc), None, Draft.empty()
+                reason, drafter, fallback, draft = _drop(drafter, exc), _start(fallback, config), None, Draft.empty()
         t1 = time.perf_counter()
         logits = verifier.score(committed, draft.tokens)  # [k+1, V]
         n_accepted, new_tokens = verify(draft, logits, config, rng, history=committed)
         t2 = time.perf_counter()
+        if draft.tokens:
+            timeline.add(DRAFT, t0, t1, "draft", tokens=len(draft.tokens))
+        timeline.add(VERIFY, t1, t2, "verify", k=len(draft.tokens), accepted=n_accepted)
         committed.extend(new_tokens)
         generated += len(new_tokens)
         if drafter is not None:
             try:
                 drafter.accepted(committed, n_accepted)
             except Exception as exc:
-                fallback, drafter = _drop(drafter, exc), None
+                reason, drafter, fallback = _drop(drafter, exc), _start(fallback, config), None
+        schedule.observe(len(draft.tokens), t1 - t0, t2 - t1)
         schedule.update(len(draft.tokens), n_accepted)
         gate.record(bool(draft.tokens), len(new_tokens), t2 - t0)
         yield Step(new_tokens, len(draft.tokens), n_accepted, draft.source if draft.tokens else "none",
-                   t1 - t0, t2 - t1, fallback)
+                   t1 - t0, t2 - t1, reason)
+
+
+def _start(drafter: Drafter | None, config: GenerationConfig) -> Drafter | None:
+    if drafter is not None:
+        drafter.start(config)
+    return drafter
 
 
 def _drop(drafter: Drafter, exc: Exception) -> str:

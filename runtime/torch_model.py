@@ -9,12 +9,23 @@ after a rejection is therefore implicit: the next call truncates to what was com
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+import logging
+import threading
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from mirrorsd.errors import PromptError, RollbackUnsupportedError
+
+log = logging.getLogger("mirrorsd")
+
+EARLY_EXIT_FAMILIES = frozenset({"llama", "qwen2", "mistral"})
+"""Decoder-only families whose hidden state after any layer, through the final norm and the LM head,
+reads as next-token logits (no soft-capping or scaled embeddings in between)."""
+
+EarlyExitCallback = Callable[[torch.Tensor, torch.Tensor], None]
+"""Receives (top-kappa token ids [k+1, kappa], their log-probabilities [k+1, kappa]) at layer l_e."""
 
 
 class TorchCausalLM:
@@ -50,6 +61,37 @@ class TorchCausalLM:
         if sliding and (getattr(cfg, "use_sliding_window", True) or "sliding_attention" in layer_types):
             self.max_context = min(self.max_context, int(sliding))
 
+    @property
+    def num_layers(self) -> int:
+        return len(self.model.model.layers) if self.supports_early_exit else 0
+
+    @property
+    def supports_early_exit(self) -> bool:
+        """Mirror-SD's early exit: read the LM head at an intermediate layer during the verify pass."""
+        inner = getattr(self.model, "model", None)
+        return (self.model.config.model_type in EARLY_EXIT_FAMILIES and hasattr(inner, "layers")
+                and hasattr(inner, "norm") and self.model.get_output_embeddings() is not None)
+
+    def _early_exit_hook(self, layer: int, kappa: int, rows: int, callback: EarlyExitCallback):
+        """A forward hook on decoder layer `layer` - 1: the final norm and LM head applied to its output
+        for the last `rows` positions, top-kappa handed to `callback` before the remaining layers run.
+        The main forward is untouched, so the final logits are bit-identical to a pass without it."""
+        norm, head = self.model.model.norm, self.model.get_output_embeddings()
+        owner = threading.get_ident()  # a draft worker may run the same model object concurrently
+
+        def hook(module, args, output):
+            if threading.get_ident() != owner:
+                return
+            try:
+                hidden = output[0] if isinstance(output, tuple) else output  # [1, n, hidden]
+                logits = head(norm(hidden[0, -rows:])).float()  # [rows, V]
+                logp, ids = torch.topk(torch.log_softmax(logits, dim=-1), kappa, dim=-1)  # [rows, kappa]
+                callback(ids, logp)
+            except Exception as exc:  # a hint must never break verification
+                log.warning("early exit at layer %d failed: %s", layer, exc)
+
+        return self.model.model.layers[layer - 1].register_forward_hook(hook)
+
     def reset(self) -> None:
         self._cache = None
         self._cached = []
@@ -83,8 +125,12 @@ class TorchCausalLM:
         return i
 
     @torch.inference_mode()
-    def score(self, committed: Sequence[int], draft: Sequence[int] = ()) -> torch.Tensor:
-        """Logits [k+1, V] (float32): row i is the distribution after committed + draft[:i]."""
+    def score(self, committed: Sequence[int], draft: Sequence[int] = (),
+              early_exit: tuple[int, int, EarlyExitCallback] | None = None) -> torch.Tensor:
+        """Logits [k+1, V] (float32): row i is the distribution after committed + draft[:i].
+
+        early_exit: (layer l_e, kappa, callback) to publish the top-kappa tokens of each of the k+1
+        rows at layer l_e, midway through this pass (see supports_early_exit)."""
         if not committed:
             raise PromptError("cannot score an empty context", "give the model at least one prompt token")
         tokens = list(committed) + list(draft)
@@ -100,6 +146,7 @@ class TorchCausalLM:
         if self._cache is None:
             self._cache = DynamicCache(config=self.model.config)
         input_ids = torch.tensor([new], dtype=torch.long, device=self.device)  # [1, n_new]
+        hook = self._early_exit_hook(early_exit[0], early_exit[1], len(draft) + 1, early_exit[2]) if early_exit else None
         try:
             out = self.model(
                 input_ids=input_ids,
@@ -113,4 +160,7 @@ class TorchCausalLM:
             # cache and others not, so it no longer matches _cached. Start the next request afresh.
             self.reset()
             raise
+        finally:
+            if hook is not None:
+                hook.remove()
         return out.logits[0, -(len(draft) + 1):].float()  # [k+1, V]

@@ -67,3 +67,17 @@ def test_datastore_build_info_and_generate_with_it(tiny_folder, tmp_path):
     assert chain["token_ids"] == plain["token_ids"]
     missing = run("generate", "--draft", f"retrieval:{tmp_path / 'nope'}", *common)
     assert missing.returncode == 2 and "not a datastore" in missing.stderr
+
+
+def test_generate_with_a_draft_model_through_the_pipeline_with_a_trace(tiny_folder, tmp_path):
+    common = ["--target", str(tiny_folder), "--max-new-tokens", "24", "--json", "--raw", "--dtype", "float32"]
+    plain = json.loads(run("generate", *common, "--draft", "none", "def f(x): return x").stdout)
+    for mode in ("branches",):
+        trace = tmp_path / f"{mode}.json"
+        out = run("generate", *common, "--draft", str(tiny_folder), "--pipeline", mode, "--early-exit-layer", "1",
+                  "--trace", str(trace), "def f(x): return x")
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        assert got["token_ids"] == plain["token_ids"]
+        assert got["stats"]["pipeline"] == mode and "hidden_draft_share" in got["stats"]
+        assert {e.get("cat") for e in json.loads(trace.read_text())["traceEvents"]} >= {"draft", "verify"}

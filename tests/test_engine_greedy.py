@@ -63,12 +63,14 @@ def test_greedy_output_equals_target_only_and_transformers(kind, adaptive, targe
         assert result.token_ids == expected, prompt
         s = result.stats
         assert s.generated_tokens == 40 and s.verify_steps >= 1
+        # (with adaptive K, K follows measured costs: on these tiny models a draft costs about what a
+        # verify pass does, so K stays small; the mean accepted length is checked with a fixed K)
         if kind == "self":  # the target drafting for itself: every draft token is accepted
-            assert s.acceptance_rate == 1.0 and s.mean_accepted_length > 3
+            assert s.acceptance_rate == 1.0 and (adaptive or s.mean_accepted_length > 3)
         if kind in ("random", "other-model"):  # rejections happened, so rollback was exercised
             assert s.drafted_tokens > 0 and s.accepted_tokens < s.drafted_tokens
         if kind in ("retrieval", "chain") and prompt in PROMPTS[:2]:  # the datastore knows these replies
-            assert s.acceptance_rate > 0.8 and s.mean_accepted_length > 3
+            assert s.acceptance_rate > 0.8 and (adaptive or s.mean_accepted_length > 3)
 
 
 def test_rollback_then_regenerate_reuses_the_cache_correctly(target_model, tokenizer):

@@ -39,9 +39,11 @@ def pvalue(samples, probs) -> float:
     return chisquare(obs[keep], exp[keep] * obs.sum() / exp[keep].sum()).pvalue
 
 
-@pytest.mark.parametrize("drafter_kind", ["other-model", "ngram"])
-def test_speculative_sampling_matches_target_distribution(drafter_kind, target_model, other_model, tokenizer):
-    cfg = GenerationConfig(temperature=0.8, max_new_tokens=2, num_draft_tokens=2, adaptive_k=False)
+@pytest.mark.parametrize("drafter_kind,pipeline", [("other-model", "sequential"), ("other-model", "branches"),
+                                                    ("ngram", "sequential"), ("ngram", "overlap")])
+def test_speculative_sampling_matches_target_distribution(drafter_kind, pipeline, target_model, other_model, tokenizer):
+    cfg = GenerationConfig(temperature=0.8, max_new_tokens=2, num_draft_tokens=2, adaptive_k=False,
+                           pipeline=pipeline, early_exit_layer=1)
     prompt = PROMPT
     if drafter_kind == "other-model":
         drafter = TorchDraftModel(TorchCausalLM(other_model))
@@ -57,6 +59,7 @@ def test_speculative_sampling_matches_target_distribution(drafter_kind, target_m
         second.append(result.token_ids[1])
         drafted += result.stats.drafted_tokens
     assert drafted > 1000  # the drafter really drafted
+    assert result.stats.pipeline == pipeline
     assert pvalue(first, p1) > 1e-3
     assert pvalue(second, p2) > 1e-3
 

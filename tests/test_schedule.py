@@ -17,3 +17,67 @@ def test_adaptive_k_grows_on_full_acceptance_and_shrinks_otherwise():
 def test_fixed_k_when_adaptive_is_off():
     s = DraftLengthSchedule(GenerationConfig(num_draft_tokens=5, adaptive_k=False))
     assert [s.update(5, n) for n in (5, 0, 3)] == [5, 5, 5]
+
+
+# -- the cost model and the cost-aware schedule ----------------------------------------------------
+
+import pytest  # noqa: E402
+
+from mirrorsd.runtime.schedule import (  # noqa: E402
+    CostAwareSchedule, expected_tokens_per_step, make_schedule, predicted_speedup, step_cost)
+
+
+def test_leviathan_formula_against_hand_computed_values():
+    # alpha = 0.8, k = 4: (1 - 0.8^5) / 0.2 = (1 - 0.32768) / 0.2
+    assert expected_tokens_per_step(0.8, 4) == pytest.approx(3.3616)
+    assert expected_tokens_per_step(1.0, 4) == 5.0
+    assert expected_tokens_per_step(0.0, 4) == 1.0
+    # Leviathan eq. (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)) with c = 0.1: 3.3616 / 1.4
+    assert predicted_speedup(0.8, 4, 0.1) == pytest.approx(2.401142857)
+    # overlapped: max(1, 0.4) + (1 - 0.8^5) * 0.4 = 1.268928
+    assert step_cost(0.8, 4, 0.1, overlapped=True) == pytest.approx(1.268928)
+    assert predicted_speedup(0.8, 4, 0.1, overlapped=True) == pytest.approx(3.3616 / 1.268928)
+    # a verify pass that grows with k: 1 + 0.05 * 4 + 0.4
+    assert step_cost(0.8, 4, 0.1, growth=0.05) == pytest.approx(1.6)
+    # overlap never costs more than sequential
+    for alpha in (0.1, 0.5, 0.9):
+        for k in (1, 4, 8):
+            for c in (0.01, 0.2, 1.0):
+                assert step_cost(alpha, k, c, overlapped=True) <= step_cost(alpha, k, c) + 1e-12
+
+
+def feed(schedule, alpha_steps, draft_per_token, verify_a, verify_b=0.0, steps=40):
+    """Drive a schedule with synthetic steps: `alpha_steps` yields n_accepted for a draft of k."""
+    for _ in range(steps):
+        k = schedule.k
+        n = alpha_steps(k)
+        schedule.observe(k, k * draft_per_token, verify_a + verify_b * k)
+        schedule.update(k, n)
+    return schedule.k
+
+
+def test_cost_aware_k_follows_draft_cost_and_acceptance():
+    cfg = GenerationConfig(num_draft_tokens=4, max_draft_tokens=16)
+    step = iter(range(10**6))
+    mostly = lambda k: k if next(step) % 3 else k // 2  # noqa: E731 - about one rejection per 12 tokens
+    high = feed(CostAwareSchedule(cfg), mostly, 0.001, 0.1)  # cheap draft, high acceptance: long drafts
+    slow = feed(CostAwareSchedule(cfg), mostly, 0.1, 0.1)  # a draft as slow as the target: K stays minimal
+    low = feed(CostAwareSchedule(cfg), lambda k: 0, 0.001, 0.1)  # nothing accepted: short drafts
+    assert high >= 8 and slow == 1 and low == 1
+    # a verify pass that grows with k (a CPU target) caps K
+    capped = feed(CostAwareSchedule(cfg), mostly, 0.001, 0.1, verify_b=0.02)
+    assert capped < high
+
+
+def test_overlap_grows_k_until_drafting_fills_the_verify_pass():
+    """All accepted, c = 0.2: sequentially every extra token still pays (K = 16); overlapped, drafting
+    is free up to one verify pass (K c = 1, K = 5) and beyond that it delays the next step."""
+    cfg = GenerationConfig(num_draft_tokens=2, max_draft_tokens=16)
+    assert feed(CostAwareSchedule(cfg), lambda k: k, 0.02, 0.1) == 16
+    assert feed(CostAwareSchedule(cfg, overlapped=True), lambda k: k, 0.02, 0.1) == 5
+
+
+def test_seeded_sampling_and_fixed_k_use_the_deterministic_schedule():
+    assert isinstance(make_schedule(GenerationConfig()), CostAwareSchedule)
+    assert isinstance(make_schedule(GenerationConfig(temperature=0.7, seed=3)), DraftLengthSchedule)
+    assert isinstance(make_schedule(GenerationConfig(adaptive_k=False)), DraftLengthSchedule)

@@ -4,14 +4,20 @@ It keeps its own KV cache (a TorchCausalLM) and reconciles it with the committed
 proposal, so a rejection on the target side needs no rollback call here. Greedy requests draft by
 argmax (one-hot q); sampling requests draw from the draft's processed distribution and report it as
 q so verify can apply rejection sampling.
+
+With a seed, the draw at each position comes from a random stream keyed by the seed and the whole
+context before it, so the token drafted after a given context is the same whichever way the runtime
+gets there (drafted ahead in the pipeline, on a branch, or afresh after a rollback): a seeded run
+reproduces exactly in every pipeline mode. Keys never repeat within a request (every context a step
+drafts after is longer than the last committed one), so the draws stay independent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Iterator, Sequence
 
 import numpy as np
-import torch
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Draft
@@ -28,27 +34,34 @@ class TorchDraftModel:
 
     def start(self, config: GenerationConfig) -> None:
         self._config = config
-        # A stream of its own, so drafting never shifts the verifier's random numbers.
-        self._rng = np.random.default_rng(None if config.seed is None else [config.seed, 1])
+        self._rng = np.random.default_rng()
 
-    def propose(self, committed: Sequence[int], max_tokens: int) -> Draft:
+    def _rng_for(self, context: Sequence[int]) -> np.random.Generator:
+        if self._config.seed is None:
+            return self._rng
+        key = hashlib.blake2b(np.asarray(context, dtype=np.int64).tobytes(), digest_size=8).digest()
+        return np.random.default_rng([self._config.seed, 1, int.from_bytes(key, "little")])
+
+    def propose_iter(self, committed: Sequence[int], max_tokens: int) -> Iterator[tuple[int, np.ndarray | None]]:
+        """Draft tokens one at a time: (token, q row or None when greedy). The pipeline's draft worker
+        uses this to check for newer instructions between tokens."""
         cfg = self._config
         context = list(committed)
-        room = self.lm.max_context - len(context)
-        tokens: list[int] = []
-        probs: list[np.ndarray] = []
-        for _ in range(min(max_tokens, room)):
+        for _ in range(min(max_tokens, self.lm.max_context - len(context))):
             logits = self.lm.score(context)  # [1, V]; feeds only what the cache lacks
             scores = next_token_scores(logits, cfg, context)[0]  # [V]
             if cfg.greedy:
-                token = int(scores.argmax())
+                token, q = int(scores.argmax()), None
             else:
                 q = scores.double().cpu().numpy()
-                token = sample_categorical(q, self._rng)
-                probs.append(q)
-            tokens.append(token)
+                token = sample_categorical(q, self._rng_for(context))
+            yield token, q
             context.append(token)
-        return Draft(tokens, np.stack(probs) if probs else None, self.name)
+
+    def propose(self, committed: Sequence[int], max_tokens: int) -> Draft:
+        pairs = list(self.propose_iter(committed, max_tokens))
+        probs = [q for _, q in pairs if q is not None]
+        return Draft([t for t, _ in pairs], np.stack(probs) if probs else None, self.name)
 
     def accepted(self, committed: Sequence[int], n_accepted: int) -> None:
         pass  # the next propose() truncates the cache to the committed prefix

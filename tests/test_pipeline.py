@@ -1,0 +1,242 @@
+"""The two-queue pipeline: same output as target-only decoding in every mode, with every drafter; faults,
+hangs and cancellation leave no thread behind; seeded sampling reproduces the sequential loop exactly."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from mirrorsd import Engine, FinishEvent, GenerationConfig
+from mirrorsd.errors import ConfigError
+from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
+from mirrorsd.runtime.torch_model import TorchCausalLM
+from drafters_for_tests import FailingDrafter, RandomTokenDrafter
+from test_engine_greedy import PROMPTS, datastore, hf_greedy  # noqa: F401 (datastore: a fixture)
+
+MODES = ["sequential", "overlap", "branches"]
+
+
+def draft_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "mirrorsd-draft"]
+
+
+def wait_for_no_draft_threads(timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while draft_threads() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not draft_threads(), "a draft worker thread outlived its request"
+
+
+@pytest.fixture(scope="module")
+def expected(target_model, tokenizer):
+    return {p: hf_greedy(target_model, tokenizer, p, 40) for p in PROMPTS}
+
+
+def drafter_for(kind, target_model, other_model, tokenizer, datastore=None):
+    return {
+        "self": lambda: TorchDraftModel(TorchCausalLM(target_model)),
+        "other-model": lambda: TorchDraftModel(TorchCausalLM(other_model)),
+        "random": lambda: RandomTokenDrafter(len(tokenizer)),
+        "ngram": lambda: NGramDrafter(max_ngram=3, min_ngram=1),
+        "chain": lambda: ChainDrafter(NGramDrafter(), RetrievalDrafter(datastore)),
+    }[kind]()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["self", "other-model", "random", "ngram", "chain"])
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_greedy_equals_target_only_in_every_mode(mode, kind, adaptive, target_model, other_model, tokenizer,
+                                                 expected, datastore):
+    engine = Engine(target_model, tokenizer, drafter_for(kind, target_model, other_model, tokenizer, datastore))
+    engine.eos_ids = frozenset()
+    cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=4, adaptive_k=adaptive, pipeline=mode,
+                           early_exit_layer=1)
+    for prompt in PROMPTS:
+        result = engine.generate(prompt, cfg)
+        assert result.token_ids == expected[prompt], (mode, kind, prompt)
+        s = result.stats
+        assert s.pipeline == mode and s.generated_tokens == 40 and not s.fallbacks
+        if kind == "self":
+            assert s.acceptance_rate == 1.0
+        if kind in ("random", "other-model"):  # rejections: the verifier and the lookahead rolled back
+            assert s.drafted_tokens > 0 and s.accepted_tokens < s.drafted_tokens
+        if mode == "branches" and kind in ("random", "other-model"):
+            assert s.branch_hits + s.branch_misses > 0  # early-exit hints reached the draft worker
+        if mode != "sequential" and kind in ("self", "other-model"):
+            assert 0.0 <= s.draft_hidden_s <= s.draft_time_s
+    wait_for_no_draft_threads()
+
+
+def test_branches_hit_when_the_early_exit_layer_is_the_last(target_model, other_model, tokenizer, expected):
+    """With l_e at the last layer the early-exit candidates are the target's own top tokens, so the
+    correction after a rejection is almost always a prepared branch."""
+    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    engine.eos_ids = frozenset()
+    last = engine.verifier.num_layers
+    with pytest.raises(ConfigError):
+        engine.generate(PROMPTS[0], GenerationConfig(pipeline="branches", early_exit_layer=last))
+    # The hook at layer L-1 of 2 still reads the LM head through the final norm: a strong hint on this model.
+    cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=3, adaptive_k=False, pipeline="branches",
+                           early_exit_layer=last - 1, branch_width=4)
+    hits = misses = 0
+    for prompt in PROMPTS:
+        result = engine.generate(prompt, cfg)
+        assert result.token_ids == expected[prompt]
+        hits, misses = hits + result.stats.branch_hits, misses + result.stats.branch_misses
+    assert hits + misses > 0 and result.stats.branch_hit_rate is not None
+
+
+def test_early_exit_hook_leaves_logits_bit_identical_and_reads_layer_le(target_model, tokenizer):
+    lm = TorchCausalLM(target_model)
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    plain = lm.score(ids[:-3], ids[-3:])
+    lm.reset()
+    seen = []
+    hooked = lm.score(ids[:-3], ids[-3:], early_exit=(1, 5, lambda i, lp: seen.append((i, lp))))
+    assert torch.equal(plain, hooked)
+    (top_ids, top_logp), = seen
+    assert top_ids.shape == (4, 5) and top_logp.shape == (4, 5)
+    with torch.no_grad():
+        hidden = target_model(torch.tensor([ids]), output_hidden_states=True).hidden_states[1][0, -4:]
+        ref = torch.log_softmax(target_model.lm_head(target_model.model.norm(hidden)).float(), -1)
+    ref_logp, ref_ids = torch.topk(ref, 5, dim=-1)
+    assert torch.equal(top_ids, ref_ids) and torch.allclose(top_logp, ref_logp, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["overlap", "branches"])
+def test_seeded_sampling_reproduces_the_sequential_loop_exactly(mode, target_model, other_model, tokenizer):
+    """Draft draws are keyed by their context and K does not depend on timing when seeded, so the
+    pipeline takes exactly the sequential loop's path: same tokens, whatever ran ahead or was discarded."""
+    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    engine.eos_ids = frozenset()
+    for seed in range(4):
+        base = dict(temperature=0.9, max_new_tokens=30, num_draft_tokens=3, seed=seed)
+        seq = engine.generate(PROMPTS[1], GenerationConfig(**base, pipeline="sequential"))
+        pipe = engine.generate(PROMPTS[1], GenerationConfig(**base, pipeline=mode, early_exit_layer=1))
+        assert pipe.token_ids == seq.token_ids
+        assert pipe.stats.drafted_tokens == seq.stats.drafted_tokens > 0
+
+
+class HangingDrafter(RandomTokenDrafter):
+    """Answers twice, then blocks in propose() for `seconds`."""
+
+    name = "hanging"
+
+    def __init__(self, vocab_size: int, seconds: float) -> None:
+        super().__init__(vocab_size)
+        self.seconds, self.calls = seconds, 0
+
+    def propose(self, committed, max_tokens):
+        self.calls += 1
+        if self.calls > 2:
+            time.sleep(self.seconds)
+        return super().propose(committed, max_tokens)
+
+
+class DyingDrafter(RandomTokenDrafter):
+    """Ends its thread: SystemExit from inside the drafter (what a crashing native backend looks like)."""
+
+    name = "dying"
+
+    def propose(self, committed, max_tokens):
+        raise SystemExit("draft device lost")
+
+
+@pytest.mark.parametrize("mode", ["overlap", "sequential"])
+@pytest.mark.parametrize("how", ["raise", "garbage", "too-long", "feedback-raises", "hang", "die"])
+def test_faulty_drafter_is_dropped_output_unchanged_no_thread_left(how, mode, target_model, tokenizer, expected):
+    if mode == "sequential" and how in ("hang", "die"):
+        pytest.skip("a hang needs the draft worker's timeout; sequential mode calls the drafter inline")
+    vocab = len(tokenizer)
+    drafter = {"hang": lambda: HangingDrafter(vocab, 1.5), "die": lambda: DyingDrafter(vocab)}.get(
+        how, lambda: FailingDrafter(vocab, how))()
+    engine = Engine(target_model, tokenizer, drafter, fallback=NGramDrafter(max_ngram=3, min_ngram=1))
+    engine.eos_ids = frozenset()
+    cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=3, pipeline=mode, draft_timeout_s=0.3)
+    result = engine.generate(PROMPTS[0], cfg)
+    assert result.token_ids == expected[PROMPTS[0]]
+    s = result.stats
+    assert len(s.fallbacks) == 1 and drafter.name in s.fallbacks[0]
+    assert s.drafters.get("ngram", 0) > 0  # the fallback drafter served after the drop
+    wait_for_no_draft_threads()
+    # The next request starts afresh with the same (now answering) drafter.
+    assert engine.generate(PROMPTS[0], cfg).token_ids == expected[PROMPTS[0]]
+    wait_for_no_draft_threads()
+
+
+def test_hung_drafter_is_not_shared_with_the_next_request(target_model, tokenizer, expected):
+    """While a hung call from request 1 is still running, request 2 must not call into that drafter."""
+    drafter = HangingDrafter(len(tokenizer), 2.0)
+    engine = Engine(target_model, tokenizer, drafter)
+    engine.eos_ids = frozenset()
+    cfg = GenerationConfig(max_new_tokens=20, num_draft_tokens=3, pipeline="overlap", draft_timeout_s=0.2)
+    first = engine.generate(PROMPTS[0], cfg)
+    second = engine.generate(PROMPTS[0], cfg)
+    assert first.token_ids == second.token_ids == expected[PROMPTS[0]][:20]
+    assert "earlier request" in second.stats.fallbacks[0]
+    wait_for_no_draft_threads()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cancel_mid_stream_stops_the_worker_and_keeps_caches_consistent(mode, target_model, other_model,
+                                                                          tokenizer, expected):
+    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    engine.eos_ids = frozenset()
+    cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=3, pipeline=mode, early_exit_layer=1)
+    stream = engine.stream(PROMPTS[2], cfg)
+    got = [next(stream).token_id for _ in range(5)]
+    stream.close()
+    assert got == expected[PROMPTS[2]][:5]
+    wait_for_no_draft_threads(2.0)
+    assert engine.generate(PROMPTS[2], cfg).token_ids == expected[PROMPTS[2]]  # engine usable, same output
+    with engine:
+        pass  # the context manager closes cleanly after a cancelled request
+    wait_for_no_draft_threads(2.0)
+
+
+def test_trace_file_has_both_lanes_and_stats_account_for_overlap(tmp_path, target_model, other_model, tokenizer):
+    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    engine.eos_ids = frozenset()
+    path = tmp_path / "trace.json"
+    result = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=30, pipeline="branches",
+                                                          early_exit_layer=1), trace=str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    lanes = {e["cat"] for e in spans}
+    assert lanes == {"draft", "verify"}
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
+    s = result.stats
+    draft_busy = sum(e["dur"] for e in spans if e["cat"] == "draft") / 1e6
+    assert s.draft_time_s == pytest.approx(draft_busy, rel=1e-3, abs=1e-4)
+    assert 0.0 <= s.hidden_draft_share <= 1.0
+    assert s.verify_idle_s >= 0 and s.draft_idle_s >= 0
+
+
+def test_greedy_through_pipeline_with_eos_and_stop_strings(target_model, other_model, tokenizer):
+    """Stops found mid-step end the stream with the same text in every mode."""
+    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    texts = set()
+    for mode in MODES:
+        cfg = GenerationConfig(max_new_tokens=40, pipeline=mode, stop=("e",), early_exit_layer=1)
+        results = [e.result for e in engine.stream(PROMPTS[0], cfg) if isinstance(e, FinishEvent)]
+        texts.add((results[0].text, results[0].finish_reason))
+    assert len(texts) == 1
+    wait_for_no_draft_threads()
+
+
+def test_bad_pipeline_mode_is_a_config_error():
+    with pytest.raises(ConfigError, match="pipeline"):
+        GenerationConfig(pipeline="parallel")
+    with pytest.raises(ConfigError):
+        GenerationConfig(draft_timeout_s=0)
+
+
+def test_cpu_threads_are_split_and_restored(target_model, other_model, tokenizer):
+    before = torch.get_num_threads()
+    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=10, pipeline="overlap"))
+    assert torch.get_num_threads() == before
