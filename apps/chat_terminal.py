@@ -79,3 +79,5 @@ def run_terminal_chat(session: ChatSession, read: Callable[[str], str] = input, 
         last_stats = turn.stats
         note = " · stopped" if turn.finish_reason == "cancelled" else ""
         out.write(turn.tail + "\n" + dim(f"[{stats_line(turn.stats)}{note}]") + "\n")
+        for reason in turn.stats.get("fallbacks", ()):
+            out.write(dim(f"[{reason}; the reply is unaffected]") + "\n")

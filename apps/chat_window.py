@@ -254,8 +254,11 @@ class ChatWindow(QMainWindow):
         self._show_stats(turn.stats)
         stopped = turn.finish_reason == "cancelled"
         self.status.setText("stopped" if stopped else f"done ({turn.finish_reason})")
-        if stopped:
-            self._history.append(("note", [("stopped", False)]))
+        notes = (["stopped"] if stopped else []) + [f"{reason} (the reply is unaffected)"
+                                                     for reason in turn.stats.get("fallbacks", ())]
+        for note in notes:
+            self._history.append(("note", [(note, False)]))
+        if notes:
             self._render()
 
     def _on_loaded(self, engine) -> None:

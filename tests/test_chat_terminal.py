@@ -86,3 +86,14 @@ def test_mirrorsd_chat_without_a_display_falls_back_to_the_terminal(tiny_folder)
     assert "no display" in out.stderr and "chatting in the terminal" in out.stderr
     assert "assistant> " in out.stdout and "tokens 16 ·" in out.stdout and "(new chat)" in out.stdout
     assert "\x1b[" not in out.stdout  # no colour codes when the output is not a terminal
+
+
+def test_errors_read_as_messages():
+    import torch
+
+    from mirrorsd.apps.chat_session import describe_error
+    from mirrorsd.errors import PromptError
+
+    assert describe_error(PromptError("too long", "shorten it")) == "too long\n  hint: shorten it"
+    oom = describe_error(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert oom.startswith("out of memory: CUDA out of memory") and "hint:" in oom

@@ -13,7 +13,7 @@ QtWidgets = pytest.importorskip("PySide6.QtWidgets", reason="PySide6 cannot load
 
 from PySide6.QtCore import Qt  # noqa: E402
 
-from drafters_for_tests import PacedDrafter  # noqa: E402
+from drafters_for_tests import FailingDrafter, PacedDrafter  # noqa: E402
 from mirrorsd import Engine, GenerationConfig  # noqa: E402
 from mirrorsd.apps.chat_session import ChatSettings  # noqa: E402
 from mirrorsd.apps.chat_window import DRAFT_BACKGROUND, ChatWindow  # noqa: E402
@@ -124,3 +124,15 @@ def test_errors_are_shown_and_the_conversation_is_kept(qtbot, window):
     qtbot.waitUntil(lambda: "could not load" in win.status.text(), timeout=20000)
     assert "unknown model" in win.transcript.toPlainText()
     assert win.session.engine is engine and win.session.messages == kept and not win.progress.isVisible()
+
+
+def test_a_failing_draft_device_is_reported_and_the_reply_is_unchanged(qtbot, tokenizer, target_model):
+    engine = Engine(target_model, tokenizer, FailingDrafter(len(tokenizer), "raise"), name="tiny-llama")
+    win = ChatWindow(engine=engine, settings=ChatSettings(temperature=0.0, max_new_tokens=16))
+    qtbot.addWidget(win)
+    type_and_send(qtbot, win, "hello")
+    qtbot.waitUntil(lambda: win.status.text().startswith("done"), timeout=20000)
+    assert "NPU went away" in win.transcript.toPlainText() and "the reply is unaffected" in win.transcript.toPlainText()
+    plain = Engine(target_model, tokenizer, None).generate([{"role": "user", "content": "hello"}],
+                                                           GenerationConfig(max_new_tokens=16))
+    assert win.session.messages[-1]["content"] == plain.text
