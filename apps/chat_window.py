@@ -81,7 +81,7 @@ class ChatWindow(QMainWindow):
         self._sent_text = ""
         self.last_turn: Turn | None = None
         if engine is not None:  # the boxes show what is loaded
-            target, draft = engine.name, getattr(engine.drafter, "name", "none")
+            target, draft = engine.name, str(getattr(engine.drafter, "name", "none")).split("(")[0]  # chain(...) -> chain
         self._build(target, draft)
         if engine is not None:
             self._on_loaded(engine)
