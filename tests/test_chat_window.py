@@ -9,7 +9,11 @@ import os
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # set DISPLAY-less runs up before Qt starts
-QtWidgets = pytest.importorskip("PySide6.QtWidgets", reason="PySide6 cannot load here (pip install 'mirrorsd[gui]')")
+try:
+    import PySide6.QtWidgets  # noqa: F401  (needs libEGL/libGL/fontconfig/xkbcommon from the system)
+except ImportError as exc:  # say exactly what is missing, e.g. "libEGL.so.1: cannot open shared object file"
+    pytest.skip(f"the Qt window cannot load here: {exc} (pip install 'mirrorsd[gui]'; on Debian "
+                "apt-get install libegl1 libgl1 libfontconfig1 libxkbcommon0)", allow_module_level=True)
 
 from PySide6.QtCore import Qt  # noqa: E402
 
