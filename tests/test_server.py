@@ -7,14 +7,13 @@ import json
 import time
 
 import httpx
+import openai  # the official client
 import pytest
 
-openai = pytest.importorskip("openai")
-
-from drafters_for_tests import PacedDrafter  # noqa: E402
-from mirrorsd import Engine, GenerationConfig  # noqa: E402
-from mirrorsd.apps.server import BackgroundServer, ServerLimits, create_app  # noqa: E402
-from mirrorsd.runtime.drafters import NGramDrafter  # noqa: E402
+from drafters_for_tests import PacedDrafter
+from mirrorsd import Engine, GenerationConfig
+from mirrorsd.apps.server import BackgroundServer, ServerLimits, create_app
+from mirrorsd.runtime.drafters import NGramDrafter
 
 KEY = "sk-test-key"
 MODEL = "tiny-llama"
