@@ -125,7 +125,7 @@ class Engine:
         if self.drafter is None:
             return "sequential"
         if mode == "auto":
-            mode = "branches" if hasattr(self.drafter, "propose_iter") else "sequential"
+            mode = "overlap" if hasattr(self.drafter, "propose_iter") else "sequential"
         if mode == "branches" and not (self.verifier.supports_early_exit and cfg.branch_width > 0):
             mode = "overlap"
         if mode == "branches" and cfg.early_exit_layer is not None and cfg.early_exit_layer >= self.verifier.num_layers:

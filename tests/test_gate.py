@@ -41,3 +41,10 @@ def test_disabled_gate_always_drafts():
     gate = SpeculationGate(enabled=False)
     gate.record(False, 1, 0.01)
     assert run_steps(gate, 30, drafted_rate=1, plain_rate=100) == 30
+
+
+def test_a_drafter_that_always_proposes_still_gets_a_plain_step_to_compare_with():
+    gate = SpeculationGate(min_backoff=4, max_backoff=16, measure_plain_after=3)
+    assert run_steps(gate, 4, drafted_rate=10, plain_rate=20) == 3  # three drafted, then one plain
+    assert gate.plain_rate == 20
+    assert run_steps(gate, 100, drafted_rate=10, plain_rate=20) <= 10  # now it pauses

@@ -240,3 +240,25 @@ def test_cpu_threads_are_split_and_restored(target_model, other_model, tokenizer
     engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
     engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=10, pipeline="overlap"))
     assert torch.get_num_threads() == before
+
+
+class SlowRandomDrafter(RandomTokenDrafter):
+    """Drafts that never get accepted and cost 20 ms each: speculation cannot pay."""
+
+    name = "slow-random"
+
+    def propose(self, committed, max_tokens):
+        time.sleep(0.02)
+        return super().propose(committed, max_tokens)
+
+
+@pytest.mark.parametrize("mode", ["sequential", "overlap"])
+def test_speculation_switches_itself_off_when_it_does_not_pay(mode, target_model, tokenizer, expected):
+    engine = Engine(target_model, tokenizer, SlowRandomDrafter(len(tokenizer)))
+    engine.eos_ids = frozenset()
+    result = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=40, num_draft_tokens=4, pipeline=mode))
+    assert result.token_ids == expected[PROMPTS[0]]
+    steps = result.stats.drafters
+    assert steps["none"] > 2 * steps.get("slow-random", 0)  # mostly plain steps, with periodic probes
+    assert steps.get("slow-random", 0) >= 2  # ... and it did probe again
+    wait_for_no_draft_threads()
