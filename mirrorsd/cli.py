@@ -92,19 +92,60 @@ def models() -> None:
 
 @app.command()
 def bench(
+    ctx: typer.Context,
     target: Annotated[str, typer.Option(help="Target model.")] = "qwen2.5-coder-1.5b",
     draft_model: Annotated[str, typer.Option(help="Draft model for the draft-model rows ('' to skip).")] = "qwen2.5-coder-0.5b",
-    prompts: Annotated[int, typer.Option(help="Number of HumanEval prompts (from 0).")] = 3,
+    per_category: Annotated[int, typer.Option(help="Prompts per category of the bundled suite.")] = 2,
+    prompts: Annotated[Optional[str], typer.Option(help="Your own prompts instead: a JSONL file "
+                                                        "({'prompt'|'messages'|'text', 'category', 'temperature'}).")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = 64,
-    repeats: Annotated[int, typer.Option(help="Runs per configuration and prompt (median taken).")] = 1,
-    out: Annotated[str, typer.Option(help="Folder for report.json and report.md.")] = "bench-out",
+    repeats: Annotated[int, typer.Option(help="Runs per configuration and prompt, interleaved (median taken).")] = 2,
+    k: Annotated[int, typer.Option("--k", help="Draft tokens per step for our drafters (the start value "
+                                                                  "where K adapts).")] = 8,
     dtype: Annotated[str, typer.Option(help="Model dtype for every configuration: float32 | bfloat16 | float16.")] = "float32",
+    datastore: Annotated[str, typer.Option(help="Datastore for the retrieval rows: 'default' (this Python's stdlib), "
+                                                "a datastore folder, or 'none' to skip them.")] = "default",
+    only: Annotated[Optional[list[str]], typer.Option(help="Run only this configuration (repeatable; "
+                                                           "target-only always runs).")] = None,
+    quick: Annotated[bool, typer.Option(help="A few minutes: smollm2-135m, no draft model, 1 prompt per category, "
+                                             "48 tokens, 2 repeats (explicit options still apply).")] = False,
+    out: Annotated[str, typer.Option(help="Folder for report.json, report.md and the PNG plots.")] = "bench-out",
 ) -> None:
-    """Side-by-side speed of our runtime vs transformers on HumanEval prompts (greedy)."""
-    from mirrorsd.apps.bench import run_bench
+    """Every drafter, our runtime and transformers side by side on a prompt suite; report + plots."""
+    from mirrorsd.apps.bench import QUICK, BenchOptions, command_line, run_bench
 
-    run_bench(target=target, draft_model=draft_model or None, n_prompts=prompts, max_new_tokens=max_new_tokens,
-              repeats=repeats, out=out, dtype=dtype)
+    given = {name for name in ("target", "draft_model", "per_category", "max_new_tokens", "repeats")
+             if ctx.get_parameter_source(name).name == "COMMANDLINE"}
+    values = dict(target=target, draft_model=draft_model or None, per_category=per_category,
+                  max_new_tokens=max_new_tokens, repeats=repeats)
+    if quick:
+        values.update({key: val for key, val in QUICK.items() if key not in given})
+    run_bench(BenchOptions(prompts_file=prompts, k=k, dtype=dtype, only=tuple(only or ()), out=out, **values),
+              datastore=None if datastore == "none" else datastore, command=command_line())
+
+
+@app.command("eval-drafts")
+def eval_drafts(
+    workload: Annotated[str, typer.Argument(help="Your workload: a JSONL file, one prompt per line "
+                                                 "({'prompt'|'messages'|'text'}).")],
+    target: Annotated[str, typer.Option(help="Target model.")] = "smollm2-135m",
+    drafter: Annotated[Optional[list[str]], typer.Option(help="Candidate (repeatable): ngram | retrieval[:DS] | "
+                                                              "chain[:DS] | a draft model.")] = None,
+    samples: Annotated[int, typer.Option(help="Prompts sampled from the workload.")] = 8,
+    seed: Annotated[int, typer.Option(help="Seed for the sample.")] = 0,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = 64,
+    k_max: Annotated[int, typer.Option(help="Largest draft length K considered.")] = 8,
+    price_per_hour: Annotated[Optional[float], typer.Option(help="Device price per hour, for cost per million tokens.")] = None,
+    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16.")] = "float32",
+    out: Annotated[str, typer.Option(help="Folder for eval-drafts.json and eval-drafts.md.")] = "eval-drafts-out",
+) -> None:
+    """Measure candidate drafters on your workload; predict and measure speedup; recommend drafter and K."""
+    from mirrorsd.apps.bench import command_line
+    from mirrorsd.apps.eval_drafts import EvalOptions, run_eval_drafts
+
+    candidates = tuple(drafter or ("ngram", "retrieval", "chain"))
+    run_eval_drafts(EvalOptions(workload=workload, target=target, drafters=candidates, samples=samples, seed=seed, max_new_tokens=max_new_tokens, k_max=k_max,
+                                price_per_hour=price_per_hour, dtype=dtype, out=out), command=command_line())
 
 
 # Options `chat` and `serve` share.

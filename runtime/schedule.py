@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mirrorsd.config import GenerationConfig
+from mirrorsd.runtime.speedup import speedup
 
 
 class DraftLengthSchedule:
@@ -79,38 +80,6 @@ class SpeculationGate:
         return new if old is None else self.decay * old + (1 - self.decay) * new
 
 
-# -- the cost model (Leviathan et al. 2023, section 3.3) ------------------------------------------
-
-def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """Tokens one verify step commits when each of k draft tokens is accepted with probability alpha
-    (given the ones before it were): (1 - alpha^(k+1)) / (1 - alpha)."""
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def step_cost(alpha: float, k: int, c: float, growth: float = 0.0, overlapped: bool = False) -> float:
-    """Wall time of one step, in units of one plain target forward pass.
-
-    c: time to draft one token / time of a plain target pass. growth: extra verify cost per draft
-    token (0 on a GPU where verifying k+1 tokens costs what one does). Sequential: draft then verify,
-    1 + growth*k + k*c. Overlapped (two workers): the next draft is made while this step verifies, so
-    when the step lands on the lookahead (all k accepted and the bonus guessed: alpha^(k+1)) the step
-    takes max(verify, draft); otherwise the next draft starts only when this verify ends and costs
-    verify + draft, as sequential decoding would."""
-    verify_cost = 1.0 + growth * k
-    if not overlapped:
-        return verify_cost + k * c
-    hit = alpha ** (k + 1)
-    return hit * max(verify_cost, k * c) + (1.0 - hit) * (verify_cost + k * c)
-
-
-def predicted_speedup(alpha: float, k: int, c: float, growth: float = 0.0, overlapped: bool = False) -> float:
-    """Speedup over target-only decoding: expected tokens per step / step cost (Leviathan's
-    (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)) when growth = 0 and not overlapped)."""
-    return expected_tokens_per_step(alpha, k) / step_cost(alpha, k, c, growth, overlapped)
-
-
 class AcceptanceEstimate:
     """Running per-token acceptance alpha: accepted / (accepted + rejections) over recent steps, the
     maximum-likelihood estimate of a geometric acceptance model (a fully accepted step adds no
@@ -132,7 +101,8 @@ class AcceptanceEstimate:
 
 class CostAwareSchedule:
     """K per step from measured costs: the k in [1, max_draft_tokens] with the highest predicted
-    speedup, given the running acceptance estimate alpha and the measured cost ratio c.
+    speedup (runtime/speedup.py), given the running acceptance estimate alpha and the measured cost
+    ratio c.
 
     alpha comes from an AcceptanceEstimate. Costs are
     moving averages of the measured draft time per token and of the verify time, fitted as
@@ -184,7 +154,7 @@ class CostAwareSchedule:
             candidates = range(1, self.max_k + 1)
             if self.overlapped:  # drafting must fit inside the verify pass it hides behind
                 candidates = [k for k in candidates if k * c <= 1.0 + growth * k] or [1]
-            self.k = max(candidates, key=lambda k: predicted_speedup(alpha, k, c, growth, self.overlapped))
+            self.k = max(candidates, key=lambda k: speedup(alpha, k, c, self.overlapped, growth=growth))
         return self.k
 
 

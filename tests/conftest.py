@@ -34,13 +34,13 @@ def make_tokenizer(vocab_size: int = 300, corpus=CORPUS):
     return fast
 
 
-def make_model(tokenizer, seed: int, sharpness: float = 1.0, layers: int = 2):
+def make_model(tokenizer, seed: int, sharpness: float = 1.0, layers: int = 2, context: int = 256):
     """A random 2-layer Llama; sharpness scales the LM head so distributions are peaked, not uniform."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
                       tie_word_embeddings=False)
     model = LlamaForCausalLM(cfg).eval()

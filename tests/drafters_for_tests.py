@@ -72,3 +72,40 @@ class PacedDrafter:
     def accepted(self, committed, n_accepted):
         time.sleep(self.delay_s)
         self.inner.accepted(committed, n_accepted)
+
+
+class HistoryCorruptingDrafter(RandomTokenDrafter):
+    """Breaks the Drafter contract: appends a token to the committed history it is handed (which it must
+    only read) and proposes nothing. The loop then continues from a history the target never produced, so
+    its output differs from target-only decoding: what the benchmark's greedy equality check must catch."""
+
+    name = "corrupting"
+
+    def propose(self, committed, max_tokens):
+        committed.append(int(self.rng.integers(0, self.vocab_size)))
+        return Draft([], None, self.name)
+
+
+class ScriptedDrafter:
+    """Knows the target's greedy outputs: proposes the true continuation for its first `correct` tokens and
+    wrong tokens after that, so its acceptance by draft position is known exactly (1 up to `correct`, then 0)."""
+
+    name = "scripted"
+
+    def __init__(self, sequences: list[list[int]], vocab_size: int, correct: int = 1 << 30) -> None:
+        self.sequences, self.vocab_size, self.correct = sequences, vocab_size, correct
+
+    def start(self, config: GenerationConfig) -> None:
+        pass
+
+    def propose(self, committed, max_tokens):
+        n = len(committed)
+        full = next((s for s in self.sequences if len(s) > n and s[:n] == list(committed)), None)
+        if full is None:
+            return Draft([], None, self.name)
+        truth = full[n:n + max_tokens]
+        return Draft([t if i < self.correct else (t + 1) % self.vocab_size for i, t in enumerate(truth)], None,
+                     self.name)
+
+    def accepted(self, committed, n_accepted):
+        pass

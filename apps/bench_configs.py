@@ -1,0 +1,212 @@
+"""The configurations `mirrorsd bench` runs side by side: a small registry.
+
+A configuration is a name and a factory: given the loaded models (a BenchContext) it returns a
+runner, a function `(prompt_ids, GenerationConfig) -> Output`, or None when it cannot run here (no
+draft model given, backend not installed). The first registered configuration, our target-only
+decoding, is the reference every greedy output is checked against.
+
+Adding a row (e.g. the exported ONNX draft of issue #3, or the two-queue pipeline of issue #4) is a
+few lines::
+
+    from mirrorsd.apps.bench_configs import BenchConfig, ours, register
+
+    register(BenchConfig("ONNX draft (ours)", lambda ctx: ours(ctx, make_onnx_drafter(ctx))))
+
+`ours(ctx, drafter, **overrides)` runs our Engine with GenerationConfig overrides (the pipeline rows
+pass pipeline="overlap" / "branches"); it reads the request's draft and verify spans from the engine's
+own timeline, so an overlapped schedule shows as overlapped in the timeline plot.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+
+import torch
+
+from mirrorsd import Engine, GenerationConfig
+from mirrorsd.results import FinishEvent, GenerationStats
+from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
+from mirrorsd.runtime.torch_model import TorchCausalLM
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stretch of work on one lane of one request, seconds from the request's start."""
+
+    start: float
+    seconds: float
+    drafted: int = 0  # verify spans: draft tokens verified
+    accepted: int | None = None  # verify spans: of those, accepted (None where the runtime did not say)
+
+
+@dataclass
+class Output:
+    """What one run of one configuration on one prompt produced."""
+
+    tokens: list[int]
+    stats: GenerationStats | None = None  # our runtime's statistics (None for peers)
+    token_times: list[float] = field(default_factory=list)  # seconds from start at which each token arrived
+    draft_spans: list[Span] = field(default_factory=list)  # the draft lane (the engine's timeline)
+    verify_spans: list[Span] = field(default_factory=list)  # the verify lane
+
+
+Runner = Callable[[list[int], GenerationConfig], Output]
+
+
+@dataclass
+class BenchContext:
+    """The models every configuration shares (loaded once per bench run)."""
+
+    engine: Engine  # the target in our runtime (its drafter is set per configuration)
+    target_name: str
+    draft_lm: torch.nn.Module | None = None  # the independent draft model, if one was given
+    draft_name: str | None = None
+    datastore_spec: object = "default"  # "default" (stdlib), a Datastore, a path, or None (no retrieval rows)
+
+    @property
+    def model(self):
+        return self.engine.verifier.model
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @cached_property
+    def datastore(self):
+        from mirrorsd.runtime.datastore import Datastore, default_datastore
+
+        spec = self.datastore_spec
+        if spec is None or isinstance(spec, Datastore):
+            return spec
+        if spec == "default":
+            return default_datastore(self.tokenizer, progress=True, tokenizer_name=self.target_name)
+        return Datastore.open(spec, self.tokenizer)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str
+    make: Callable[[BenchContext], Runner | None]
+    peer_of: str | None = None  # for a peer (transformers, llama.cpp): the row of ours it is compared with
+    needs: str = ""  # what `make` needs when it returns None, for the report ("a draft model", ...)
+
+    @property
+    def ours(self) -> bool:
+        return self.peer_of is None
+
+
+CONFIGS: list[BenchConfig] = []
+
+
+def register(config: BenchConfig, after: str | None = None) -> BenchConfig:
+    """Add a configuration (replacing one of the same name), at the end or right after `after`."""
+    existing = [c.name for c in CONFIGS]
+    if config.name in existing:
+        CONFIGS[existing.index(config.name)] = config
+        return config
+    CONFIGS.insert(existing.index(after) + 1 if after in existing else len(CONFIGS), config)
+    return config
+
+
+def ours(ctx: BenchContext, drafter, **config: object) -> Runner:
+    """A runner for our runtime with `drafter` (None: target-only) and GenerationConfig overrides
+    (e.g. pipeline="overlap"), timing every token; the draft/verify spans come from the engine's own
+    timeline of the request (its Chrome trace), so overlapped work shows as overlapped."""
+
+    def run(ids: list[int], cfg: GenerationConfig) -> Output:
+        engine = ctx.engine
+        engine.drafter = drafter
+        out = Output([])
+        with tempfile.TemporaryDirectory(prefix="mirrorsd-bench-") as tmp:
+            trace = Path(tmp) / "trace.json"
+            start = time.perf_counter()
+            for event in engine.stream(ids, replace(cfg, **config), trace=str(trace)):
+                if isinstance(event, FinishEvent):
+                    out.stats = event.result.stats
+                    break
+                out.tokens.append(event.token_id)
+                out.token_times.append(time.perf_counter() - start)
+            for e in json.loads(trace.read_text())["traceEvents"]:
+                if e.get("ph") != "X":
+                    continue
+                span = Span(e["ts"] / 1e6, e["dur"] / 1e6, e["args"].get("k", 0), e["args"].get("accepted"))
+                (out.draft_spans if e["cat"] == "draft" else out.verify_spans).append(span)
+        return out
+
+    return run
+
+
+class _TokenClock:
+    """A transformers streamer that timestamps the tokens `generate` emits (the first put is the prompt)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.times: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        self.times.extend([time.perf_counter() - self.start] * int(value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+def transformers_generate(ctx: BenchContext, **kw) -> Runner:
+    """A runner for transformers' own `generate` on the same model object (kw: prompt lookup, assistant)."""
+    from transformers.generation.streamers import BaseStreamer
+
+    clock_cls = type("TokenClock", (_TokenClock, BaseStreamer), {})
+    tok = ctx.tokenizer
+
+    def run(ids: list[int], cfg: GenerationConfig) -> Output:
+        x = torch.tensor([ids], device=ctx.engine.verifier.device)
+        sampling = dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p) if cfg.temperature > 0 else \
+            dict(do_sample=False)
+        clock = clock_cls()
+        with torch.inference_mode():
+            y = ctx.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=cfg.max_new_tokens,
+                                   pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+                                   streamer=clock, **sampling, **kw)
+        tokens = y[0, len(ids):].tolist()
+        return Output(tokens, None, clock.times[: len(tokens)])
+
+    return run
+
+
+def _draft_model(ctx: BenchContext) -> TorchDraftModel | None:
+    return TorchDraftModel(TorchCausalLM(ctx.draft_lm)) if ctx.draft_lm is not None else None
+
+
+def _with_store(make):
+    return lambda ctx: None if ctx.datastore is None else make(ctx)
+
+
+TARGET_ONLY = "target only (ours)"
+_STORE, _DRAFT = "a retrieval datastore", "a draft model (--draft-model)"
+
+register(BenchConfig(TARGET_ONLY, lambda ctx: ours(ctx, None)))
+register(BenchConfig("transformers generate", lambda ctx: transformers_generate(ctx), peer_of=TARGET_ONLY))
+register(BenchConfig("n-gram (ours)", lambda ctx: ours(ctx, NGramDrafter())))
+register(BenchConfig("prompt lookup (transformers)", lambda ctx: transformers_generate(ctx, prompt_lookup_num_tokens=10),
+                     peer_of="n-gram (ours)"))
+register(BenchConfig("retrieval (ours)",
+                     _with_store(lambda ctx: ours(ctx, RetrievalDrafter(ctx.datastore))), needs=_STORE))
+register(BenchConfig("chain n-gram + retrieval (ours)",
+                     _with_store(lambda ctx: ours(ctx, ChainDrafter(NGramDrafter(), RetrievalDrafter(ctx.datastore)))),
+                     needs=_STORE))
+for _mode in ("sequential", "overlap", "branches"):  # issue #4's pipeline: one row per schedule
+    register(BenchConfig(f"draft model, {_mode} (ours)",
+                         lambda ctx, mode=_mode: ours(ctx, _draft_model(ctx), pipeline=mode) if ctx.draft_lm is not None
+                         else None, needs=_DRAFT))
+register(BenchConfig("assisted generation (transformers)",
+                     lambda ctx: transformers_generate(ctx, assistant_model=ctx.draft_lm) if ctx.draft_lm is not None
+                     else None, peer_of="draft model, sequential (ours)", needs=_DRAFT))

@@ -1,0 +1,136 @@
+"""`mirrorsd bench` end to end on tiny in-process models: every configuration runs, the reports are
+well-formed, the plots are real PNGs, and a configuration whose output differs is marked FAILED."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import make_model
+from drafters_for_tests import HistoryCorruptingDrafter
+from mirrorsd import Engine
+from mirrorsd.apps.bench import QUICK, BenchOptions, run_bench
+from mirrorsd.apps.bench_configs import CONFIGS, BenchConfig, ours
+from mirrorsd.apps.prompt_suite import CATEGORIES, bundled_suite, load_workload
+from mirrorsd.errors import PromptError
+from mirrorsd.runtime.datastore import build_datastore
+
+BROKEN = "history-corrupting drafter (broken on purpose)"
+
+
+@pytest.fixture(scope="module")
+def bench_report(tmp_path_factory, tokenizer):
+    tmp = tmp_path_factory.mktemp("bench")
+    corpus = tmp / "corpus"
+    corpus.mkdir()
+    (corpus / "a.py").write_text("def quicksort(arr):\n    return sorted(arr)\n" * 20)
+    store = build_datastore([corpus], tokenizer, tmp / "ds")
+    # Long enough a context for the bundled suite's prompts under the tiny byte-level tokenizer.
+    target = make_model(tokenizer, seed=0, sharpness=30.0, context=4096)
+    draft = make_model(tokenizer, seed=1, sharpness=30.0, context=4096)
+    broken = BenchConfig(BROKEN, lambda ctx: ours(ctx, HistoryCorruptingDrafter(len(tokenizer))))
+    opts = BenchOptions(**{**QUICK, "target": "tiny-llama", "draft_model": "tiny-llama-draft",
+                           "max_new_tokens": 24}, out=str(tmp / "out"))
+    report = run_bench(opts, engine=Engine(target, tokenizer, name="tiny-llama"), draft_lm=draft, datastore=store,
+                       configs=[*CONFIGS, broken])
+    return report, tmp / "out"
+
+
+def test_every_configuration_runs_and_greedy_outputs_match(bench_report):
+    report, _ = bench_report
+    names = [r["configuration"] for r in report["rows"]]
+    assert names == [c.name for c in CONFIGS] + [BROKEN] and not report["skipped"]
+    assert report["categories"] == list(CATEGORIES)
+    for row in report["rows"]:
+        assert row["tokens_per_second"] > 0 and set(row["by_category"]) == set(CATEGORIES)
+        if row["configuration"] != BROKEN:
+            assert row["greedy_equal_to_target_only"] is True, row
+    ngram = next(r for r in report["rows"] if r["configuration"] == "n-gram (ours)")
+    assert ngram["per_position_acceptance"] and 0 <= ngram["acceptance_rate"] <= 1
+    assert report["rows"][0]["speedup_vs_target_only"] == 1.0
+    creative = [p for p in report["prompts"] if p["category"] == "creative"]
+    assert creative and all(p["temperature"] > 0 and not p["greedy_checked"] for p in creative)
+
+
+def test_a_configuration_that_changes_the_output_is_marked_failed(bench_report):
+    report, out = bench_report
+    broken = next(r for r in report["rows"] if r["configuration"] == BROKEN)
+    assert broken["greedy_equal_to_target_only"] is False and broken["mismatched_prompts"]
+    assert f"FAILED: {BROKEN}" in (out / "report.md").read_text()
+
+
+def test_report_files_are_well_formed(bench_report):
+    report, out = bench_report
+    on_disk = json.loads((out / "report.json").read_text())
+    assert on_disk["rows"] == report["rows"]
+    for key in ("machine", "models", "versions", "settings", "prompts", "ours_vs_peers"):
+        assert on_disk[key], key
+    assert on_disk["models"]["target"]["dtype"] == "torch.float32" and "draft" in on_disk["models"]
+    assert {"torch", "transformers", "python"} <= set(on_disk["versions"])
+    peers = {(c["ours"], c["peer"]) for c in on_disk["ours_vs_peers"]}
+    assert ("draft model, sequential (ours)", "assisted generation (transformers)") in peers
+    md = (out / "report.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| configuration"))
+    table = [line for line in md.splitlines() if line.startswith("| ") and line.count("|") == header.count("|")]
+    assert len(table) == 1 + len(report["rows"])  # header + one line per configuration
+
+
+def test_plots_are_valid_pngs(bench_report):
+    import matplotlib.image
+
+    report, out = bench_report
+    assert report["plots"] == ["speedup.png", "acceptance_by_position.png", "tokens_per_second.png", "timeline.png"]
+    for name in report["plots"]:
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        image = matplotlib.image.imread(out / name)
+        assert image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_bundled_suite_covers_every_category():
+    suite = bundled_suite(2)
+    assert [p.category for p in suite].count("code") == 2
+    assert {p.category for p in suite} == set(CATEGORIES)
+    assert all(p.temperature > 0 for p in suite if p.category == "creative")
+    assert all(p.temperature == 0 for p in suite if p.category != "creative")
+    chat = next(p for p in suite if p.category == "chat")
+    assert len(chat.messages) == 3  # multi-turn
+
+
+def test_workload_files_load_and_bad_ones_are_clear_errors(tmp_path):
+    good = tmp_path / "w.jsonl"
+    good.write_text('{"prompt": "hi", "category": "greet"}\n\n{"messages": [{"role": "user", "content": "x"}]}\n'
+                    '{"text": "raw", "temperature": 0.7}\n')
+    loaded = load_workload(good)
+    assert [p.category for p in loaded] == ["greet", "custom", "custom"] and loaded[2].temperature == 0.7
+    for content, message in (("not json\n", "not valid JSON"), ('{"x": 1}\n', "has no prompt"),
+                             ('{"prompt": "a", "temperature": -1}\n', "temperature")):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(content)
+        with pytest.raises(PromptError, match=message):
+            load_workload(bad)
+    with pytest.raises(PromptError, match="does not exist"):
+        load_workload(tmp_path / "missing.jsonl")
+
+
+def test_bench_command_line_with_a_prompt_file(tmp_path, tokenizer):
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "tiny"
+    make_model(tokenizer, seed=0, sharpness=30.0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"text": "def quicksort(arr):", "category": "mine"}\n{"text": "Hello world!"}\n')
+    cmd = [sys.executable, "-m", "mirrorsd.cli", "bench", "--quick", "--target", str(folder), "--prompts", str(prompts),
+           "--datastore", "none", "--only", "n-gram (ours)", "--max-new-tokens", "8", "--out", str(tmp_path / "o")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert [r["configuration"] for r in report["rows"]] == ["target only (ours)", "n-gram (ours)"]
+    assert report["categories"] == ["mine", "custom"] and report["settings"]["repeats"] == 2  # --quick's
+    assert "n-gram (ours)" in done.stdout
+    bad = subprocess.run([*cmd[:-2], "--only", "no such row"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "unknown configuration" in bad.stderr and "Traceback" not in bad.stderr
