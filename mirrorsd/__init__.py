@@ -13,6 +13,7 @@ from mirrorsd.errors import (
     ChecksumError,
     ConfigError,
     DatastoreError,
+    EngineClosedError,
     MirrorsdError,
     ModelNotFoundError,
     PromptError,
@@ -24,7 +25,7 @@ from mirrorsd.verify import verify
 
 __version__ = "0.1.0"
 __all__ = [
-    "CatalogError", "ChecksumError", "ConfigError", "DatastoreError", "Draft", "Drafter", "Engine", "FinishEvent",
+    "CatalogError", "ChecksumError", "ConfigError", "DatastoreError", "Draft", "EngineClosedError", "Drafter", "Engine", "FinishEvent",
     "GenerationConfig", "GenerationResult", "GenerationStats", "MirrorsdError", "ModelNotFoundError",
     "PromptError", "RollbackUnsupportedError", "TokenEvent", "TokenizerMismatchError", "Verifier", "verify",
 ]

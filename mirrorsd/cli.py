@@ -264,6 +264,64 @@ def draft_bench(
                     threads=threads, exports=exports)
 
 
+# Options `chat` and `serve` share.
+Target = Annotated[str, typer.Option(help="Target model: catalog name, folder, .gguf or hub id.")]
+Draft = Annotated[str, typer.Option(help="auto | ngram | retrieval[:DIR] | chain[:DIR] | none | a draft model.")]
+Device = Annotated[str, typer.Option(help="Target device: auto | cpu | cuda[:N] | mps.")]
+Dtype = Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")]
+
+
+@app.command()
+def chat(
+    target: Target = "smollm2-135m",
+    draft: Draft = "auto",
+    temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 samples.")] = 0.7,
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens per reply.")] = 512,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    terminal: Annotated[bool, typer.Option(help="Chat in the terminal even where a window could open.")] = False,
+    highlight: Annotated[Optional[bool], typer.Option(help="Terminal: colour draft-accepted tokens "
+                                                          "(default: when output is a terminal).")] = None,
+) -> None:
+    """Chat: a desktop window (Qt), or a terminal chat where there is no display."""
+    from mirrorsd.apps.chat import run_chat
+    from mirrorsd.apps.chat_session import ChatSettings
+
+    settings = ChatSettings(temperature=temperature, max_new_tokens=max_new_tokens)
+    settings.config()  # bad settings fail here, before any model loads
+    sys.exit(run_chat(target, draft, device, dtype, settings, terminal=terminal, highlight=highlight))
+
+
+@app.command()
+def serve(
+    target: Target = "smollm2-135m",
+    draft: Draft = "auto",
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
+    api_key: Annotated[Optional[str], typer.Option(envvar="MIRRORSD_API_KEY",
+                                                   help="Require 'Authorization: Bearer KEY' (else 401).")] = None,
+    model_name: Annotated[Optional[str], typer.Option(help="Model id clients use (default: --target).")] = None,
+    max_tokens_limit: Annotated[int, typer.Option(help="Largest max_tokens a request may ask for.")] = 4096,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body in bytes.")] = 1 << 20,
+    device: Device = "auto",
+    draft_device: Annotated[Optional[str], typer.Option(help="Draft model device (default: same as --device).")] = None,
+    dtype: Dtype = "auto",
+) -> None:
+    """OpenAI-compatible server: /v1/chat/completions, /v1/completions (SSE streaming), /v1/models, /health."""
+    try:
+        from mirrorsd.apps.server import ServerLimits, serve as run_server
+    except ImportError as exc:
+        raise MirrorsdError(f"the server needs FastAPI and uvicorn ({exc})", "pip install 'mirrorsd[serve]'") from exc
+    from mirrorsd import Engine
+
+    engine = Engine.load(target=target, draft=draft, device=device, dtype=dtype, draft_device=draft_device,
+                         progress=True)
+    with engine:
+        print(f"mirrorsd: serving {model_name or target} at http://{host}:{port}/v1", file=sys.stderr)
+        run_server(engine, host=host, port=port, api_key=api_key, model_name=model_name or target,
+                   limits=ServerLimits(max_tokens=max_tokens_limit, max_body_bytes=max_body_bytes))
+
+
 datastore_app = typer.Typer(no_args_is_help=True, help="Retrieval datastores for the retrieval drafter.")
 app.add_typer(datastore_app, name="datastore")
 

@@ -11,7 +11,7 @@ import torch
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Drafter
-from mirrorsd.errors import ConfigError, PromptError
+from mirrorsd.errors import ConfigError, EngineClosedError, PromptError
 from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
 from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
 from mirrorsd.runtime.pipeline import overlap_threads, pipelined_decode
@@ -27,8 +27,11 @@ Prompt = str | Sequence[dict] | Sequence[int]
 
 
 class Engine:
-    """A target model plus an optional drafter. Calls are serialized: one request runs at a time
-    (a lock), so one Engine may be shared by threads. Use as a context manager or call close().
+    """A target model plus an optional drafter.
+
+    Thread safety: calls are serialized, not batched. One request runs at a time (a lock taken when a
+    stream starts and released when it finishes or is closed), so one Engine may be shared by threads;
+    the others wait their turn. Use as a context manager or call close().
 
     fallback: the drafter that takes over when `drafter` fails mid-request (Engine.load gives a
     model draft the model-free chain); None: plain decoding takes over."""
@@ -42,6 +45,7 @@ class Engine:
         self.name = name
         self.eos_ids = _eos_ids(model, tokenizer)
         self._lock = threading.Lock()
+        self.closed = False
 
     @classmethod
     def load(cls, target: str = "smollm2-135m", draft: str | Drafter | None = "auto", device: str | None = "auto",
@@ -113,6 +117,7 @@ class Engine:
         """TokenEvents as tokens are committed, then one FinishEvent with the whole result.
         Closing the iterator early cancels the request (the draft worker, if any, is stopped).
         trace: a file to write the request's draft/verify timeline to, in Chrome's trace format."""
+        self._check_open()
         cfg = config or GenerationConfig()
         if not isinstance(cfg, GenerationConfig):
             raise ConfigError(f"config must be a GenerationConfig, got {type(cfg).__name__}", "")
@@ -145,6 +150,7 @@ class Engine:
 
     def _run(self, ids: list[int], cfg: GenerationConfig, trace: str | None) -> Iterator[Event]:
         with self._lock:
+            self._check_open()
             start = time.perf_counter()
             budget = min(cfg.max_new_tokens, self.verifier.max_context - len(ids))
             mode = self.pipeline_mode(cfg)
@@ -196,12 +202,32 @@ class Engine:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Free the KV caches (models are freed when the Engine is dropped)."""
+        """Wait for a running request to finish (its draft worker thread ends with it), then free the
+        KV caches, drop the models (so their device memory can be released) and close the drafters
+        (their `close()`, if they have one). Calls after close() raise EngineClosedError; closing
+        twice is a no-op."""
         with self._lock:
+            if self.closed:
+                return
+            self.closed = True
             self.verifier.reset()
-            lm = getattr(self.drafter, "lm", None)
-            if lm is not None:
-                lm.reset()
+            for drafter in (self.drafter, self.fallback):
+                lm = getattr(drafter, "lm", None)
+                if lm is not None:
+                    lm.reset()
+                    lm.model = None
+                drafter_close = getattr(drafter, "close", None)
+                if callable(drafter_close):
+                    drafter_close()
+            device = self.verifier.device
+            self.verifier.model = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise EngineClosedError(f"this Engine ({self.name}) has been closed",
+                                    "load a new Engine, or keep using it inside its `with` block")
 
     def __enter__(self) -> "Engine":
         return self

@@ -57,3 +57,7 @@ class ExportError(MirrorsdError):
 
 class ProviderError(MirrorsdError):
     """An execution provider / device that is not installed here or refuses the exported draft."""
+
+
+class EngineClosedError(MirrorsdError):
+    """A request on an Engine after its close() (or after its `with` block ended)."""

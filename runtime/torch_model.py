@@ -106,7 +106,11 @@ class TorchCausalLM:
         if length == 0:
             self.reset()
             return
-        self._cache.crop(-extra)
+        try:
+            self._cache.crop(-extra)
+        except BaseException:  # interrupted midway (Ctrl-C): layers may differ in length now
+            self.reset()
+            raise
         del self._cached[length:]
 
     def _common_prefix(self, tokens: Sequence[int]) -> int:
@@ -150,8 +154,13 @@ class TorchCausalLM:
                 use_cache=True,
                 logits_to_keep=len(draft) + 1,
             )
+            self._cached.extend(new)
+        except BaseException:
+            # Interrupted mid-forward (Ctrl-C, out of memory): some layers may have appended to the
+            # cache and others not, so it no longer matches _cached. Start the next request afresh.
+            self.reset()
+            raise
         finally:
             if hook is not None:
                 hook.remove()
-        self._cached.extend(new)
         return out.logits[0, -(len(draft) + 1):].float()  # [k+1, V]

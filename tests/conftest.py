@@ -67,6 +67,15 @@ def other_model(tokenizer):
     return make_model(tokenizer, seed=1, sharpness=30.0)
 
 
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory, tokenizer):
+    """The tiny target saved as a model folder, for code that loads models by path (CLI, examples)."""
+    folder = tmp_path_factory.mktemp("tiny")
+    make_model(tokenizer, seed=0, sharpness=30.0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _no_hub():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

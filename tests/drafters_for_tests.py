@@ -54,6 +54,26 @@ class FailingDrafter(RandomTokenDrafter):
             raise RuntimeError("lost its state")
 
 
+class PacedDrafter:
+    """A real drafter on a slow device: wraps another drafter and takes `delay_s` to take in each
+    step's outcome (called every step, even while the gate pauses drafting), so a reply lasts long
+    enough for a test to stop it (or disconnect) midway, whatever the machine's speed."""
+
+    def __init__(self, inner, delay_s: float = 0.02) -> None:
+        self.inner, self.delay_s = inner, delay_s
+        self.name = inner.name
+
+    def start(self, config: GenerationConfig) -> None:
+        self.inner.start(config)
+
+    def propose(self, committed, max_tokens):
+        return self.inner.propose(committed, max_tokens)
+
+    def accepted(self, committed, n_accepted):
+        time.sleep(self.delay_s)
+        self.inner.accepted(committed, n_accepted)
+
+
 class HistoryCorruptingDrafter(RandomTokenDrafter):
     """Breaks the Drafter contract: appends a token to the committed history it is handed (which it must
     only read) and proposes nothing. The loop then continues from a history the target never produced, so

@@ -9,22 +9,12 @@ import sys
 
 import pytest
 
-from conftest import make_model
-
 CLI = [sys.executable, "-m", "mirrorsd.cli"]
 
 
 def run(*args, env=None):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory, tokenizer):
-    folder = tmp_path_factory.mktemp("tiny")
-    make_model(tokenizer, seed=0, sharpness=30.0).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def test_generate_json_on_a_local_folder_matches_target_only(tiny_folder):

@@ -1,0 +1,147 @@
+"""Chat logic shared by the desktop window and the terminal chat, free of any UI toolkit.
+
+A `ChatSession` holds the conversation and the settings and runs one turn at a time: it streams the
+reply from the Engine, hands each TokenEvent to a callback, stops when asked (a threading.Event, set
+from any thread, or Ctrl-C in a terminal) and keeps the conversation consistent whatever happens:
+a stopped reply is kept as far as it got, a failed turn leaves the history as it was before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from mirrorsd.config import GenerationConfig
+from mirrorsd.errors import MirrorsdError
+from mirrorsd.results import FinishEvent, GenerationResult, TokenEvent
+
+
+@dataclass
+class ChatSettings:
+    """What the user can change between turns."""
+
+    temperature: float = 0.7
+    max_new_tokens: int = 512
+    seed: int | None = None
+
+    def config(self) -> GenerationConfig:
+        return GenerationConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed)
+
+
+@dataclass
+class Turn:
+    """How one turn ended. `result` is None when the turn failed (`error` says why) or was stopped
+    before its first verify step finished."""
+
+    text: str = ""
+    tail: str = ""  # the end of `text` that came with the FinishEvent (held back until then), not via on_token
+    finish_reason: str = ""  # "stop", "length", "cancelled" or "error"
+    result: GenerationResult | None = None
+    error: str = ""
+    stats: dict = field(default_factory=dict)  # GenerationStats.to_dict() of the last event seen
+
+
+class ChatSession:
+    def __init__(self, engine=None, settings: ChatSettings | None = None) -> None:
+        self.engine = engine
+        self.settings = settings or ChatSettings()
+        self.messages: list[dict] = []
+
+    def new_chat(self) -> None:
+        self.messages = []
+
+    def prompt(self):
+        """The conversation as the engine takes it: chat messages through the model's template, or a
+        plain "User:/Assistant:" transcript for a model without one."""
+        if getattr(self.engine.tokenizer, "chat_template", None) is not None:
+            return list(self.messages)
+        lines = [f"{m['role'].capitalize()}: {m['content']}" for m in self.messages]
+        return "\n".join(lines) + "\nAssistant:"
+
+    def reply(self, user_text: str, on_token: Callable[[TokenEvent], None] | None = None,
+              stop: threading.Event | None = None) -> Turn:
+        """Add the user's message, stream the reply, and record it. Never raises for a generation
+        error: the Turn says what went wrong and the history is rolled back to before the turn."""
+        if self.engine is None:
+            return Turn(finish_reason="error", error="no model is loaded yet")
+        before = list(self.messages)
+        self.messages.append({"role": "user", "content": user_text})
+        turn = Turn()
+        stream = None
+        try:
+            stream = self.engine.stream(self.prompt(), self.settings.config())
+            for event in stream:
+                if isinstance(event, FinishEvent):
+                    turn.result, turn.finish_reason = event.result, event.result.finish_reason
+                    turn.text, turn.tail = turn.text + event.text, event.text
+                    turn.stats = event.result.stats.to_dict()
+                    break
+                turn.text += event.text
+                turn.stats = event.stats.to_dict()
+                if on_token is not None:
+                    on_token(event)
+                if stop is not None and stop.is_set():
+                    turn.finish_reason = "cancelled"
+                    break
+        except KeyboardInterrupt:  # Ctrl-C in the terminal chat: stop this reply, keep the chat
+            turn.finish_reason = "cancelled"
+        except Exception as exc:  # shown to the user; the conversation stays as it was
+            self.messages = before
+            return Turn(text=turn.text, finish_reason="error", error=describe_error(exc), stats=turn.stats)
+        finally:
+            if stream is not None:
+                stream.close()  # cancels the request if it is still running
+        self.messages.append({"role": "assistant", "content": turn.text})
+        return turn
+
+
+def describe_error(exc: BaseException) -> str:
+    """A message a person can act on, without a traceback."""
+    if isinstance(exc, MirrorsdError):
+        return str(exc)
+    text = str(exc)
+    if "out of memory" in text.lower() or type(exc).__name__ == "OutOfMemoryError":
+        return (f"out of memory: {text.splitlines()[0] if text else type(exc).__name__}\n"
+                "  hint: lower max tokens, pick a smaller model, or use --dtype bfloat16")
+    return f"{type(exc).__name__}: {text}"
+
+
+def stats_fields(stats: dict) -> dict[str, str]:
+    """The live speculation numbers worth showing, from GenerationStats.to_dict() (so fields other
+    modules add later travel with the dict and can be shown in a details view)."""
+    alpha = stats.get("acceptance_rate")
+    return {
+        "tokens/s": f"{stats.get('tokens_per_second', 0.0):.1f}",
+        "acceptance": "n/a" if alpha is None else f"{alpha:.0%}",
+        "mean accepted length": f"{stats.get('mean_accepted_length', 0.0):.2f}",
+        "drafter": str(stats.get("drafter", "none")),
+        "tokens": str(stats.get("generated_tokens", 0)),
+        "pipeline": _pipeline(stats),
+    }
+
+
+def _pipeline(stats: dict) -> str:
+    """The scheduling mode that ran (issue #4's pipeline) and how much drafting it hid."""
+    mode = str(stats.get("pipeline", "sequential"))
+    hidden = stats.get("hidden_draft_share")
+    return f"{mode}, {hidden:.0%} of drafting hidden" if hidden and mode != "sequential" else mode
+
+
+def stats_line(stats: dict) -> str:
+    return " · ".join(f"{k} {v}" for k, v in stats_fields(stats).items())
+
+
+def engine_summary(engine) -> str:
+    """Which model and devices serve: the target's device and the drafter (its name carries the
+    device for model drafters, e.g. torch:cpu; n-gram and retrieval run on the host CPU)."""
+    drafter = engine.drafter
+    draft = "none" if drafter is None else str(getattr(drafter, "name", type(drafter).__name__))
+    return f"{engine.name} on {engine.verifier.device} · draft {draft}"
+
+
+def with_settings(session: ChatSession, **changes) -> None:
+    """Change settings, checked the same way a request would be (raises ConfigError)."""
+    new = replace(session.settings, **changes)
+    new.config()
+    session.settings = new

@@ -1,0 +1,343 @@
+"""`mirrorsd chat`: the desktop chat window (Qt 6 through PySide6).
+
+Multi-turn chat with streaming replies, Stop, New chat, model/draft choice (catalog names or a
+local folder / .gguf), temperature and max tokens, and a live speculation line (tokens/s,
+acceptance, mean accepted length, drafter and device). Tokens that came from the draft can be
+highlighted. Loading and generation run in worker threads; results come back to the UI thread
+through Qt signals, so the window never freezes. Errors are shown in the window; the conversation
+is kept.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtGui import QColor, QFont, QKeySequence, QShortcut, QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import (
+    QApplication,
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QTextEdit,
+    QVBoxLayout,
+    QWidget,
+)
+
+from mirrorsd.apps.chat_session import ChatSession, ChatSettings, Turn, describe_error, engine_summary, stats_fields
+
+DRAFT_BACKGROUND = QColor("#d7f5dd")  # draft-accepted tokens, when highlighting is on
+ERROR_COLOUR = QColor("#b00020")
+DRAFT_CHOICES = ["auto", "chain", "ngram", "retrieval", "none"]
+
+
+class _Signals(QObject):
+    """Worker threads emit these; Qt queues them to the UI thread."""
+
+    token = Signal(object)  # TokenEvent
+    turn_done = Signal(object)  # Turn
+    loaded = Signal(object)  # Engine
+    load_failed = Signal(str)
+
+
+class _Input(QPlainTextEdit):
+    """Enter sends, Shift+Enter starts a new line."""
+
+    submitted = Signal()
+
+    def keyPressEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        if event.key() in (Qt.Key_Return, Qt.Key_Enter) and not event.modifiers() & Qt.ShiftModifier:
+            self.submitted.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class ChatWindow(QMainWindow):
+    def __init__(self, target: str = "smollm2-135m", draft: str = "auto", device: str = "auto", dtype: str = "auto",
+                 settings: ChatSettings | None = None, engine=None) -> None:
+        """With `engine`, chat with it at once; otherwise load `target`/`draft` in the background."""
+        super().__init__()
+        self.setWindowTitle("mirrorsd chat")
+        self.resize(900, 640)
+        self.session = ChatSession(engine, settings or ChatSettings())
+        self.device, self.dtype = device, dtype
+        self.signals = _Signals()
+        self.signals.token.connect(self._on_token)
+        self.signals.turn_done.connect(self._on_turn_done)
+        self.signals.loaded.connect(self._on_loaded)
+        self.signals.load_failed.connect(self._on_load_failed)
+        self._stop = threading.Event()
+        self._worker: threading.Thread | None = None
+        self._loader: threading.Thread | None = None
+        self._history: list[tuple[str, list[tuple[str, bool]]]] = []  # (role, [(text, from_draft)]) shown
+        self._sent_text = ""
+        self.last_turn: Turn | None = None
+        if engine is not None:  # the boxes show what is loaded
+            target, draft = engine.name, str(getattr(engine.drafter, "name", "none")).split("(")[0]  # chain(...) -> chain
+        self._build(target, draft)
+        if engine is not None:
+            self._on_loaded(engine)
+        else:
+            self.load_model()
+
+    # -- layout ---------------------------------------------------------------------------------------
+
+    def _build(self, target: str, draft: str) -> None:
+        from mirrorsd.catalog import CATALOG
+
+        root = QWidget()
+        layout = QVBoxLayout(root)
+
+        bar = QHBoxLayout()
+        self.model_box = QComboBox(editable=True, objectName="model")
+        self.model_box.addItems(list(CATALOG))
+        self.model_box.setCurrentText(target)
+        self.model_box.setToolTip("a catalog name, a model folder or a .gguf file")
+        browse = QPushButton("…", objectName="browse", toolTip="pick a local model folder")
+        browse.clicked.connect(self._browse)
+        self.draft_box = QComboBox(editable=True, objectName="draft")
+        self.draft_box.addItems(DRAFT_CHOICES + list(CATALOG))
+        self.draft_box.setCurrentText(draft)
+        self.draft_box.setToolTip("auto, chain, ngram, retrieval, none, or a draft model")
+        self.load_button = QPushButton("Load", objectName="load")
+        self.load_button.clicked.connect(self.load_model)
+        self.temperature = QDoubleSpinBox(objectName="temperature", minimum=0.0, maximum=2.0, singleStep=0.1,
+                                          decimals=2, value=self.session.settings.temperature)
+        self.max_tokens = QSpinBox(objectName="max_tokens", minimum=1, maximum=32768,
+                                   value=self.session.settings.max_new_tokens)
+        self.highlight = QCheckBox("highlight draft tokens", objectName="highlight", checked=True)
+        self.highlight.toggled.connect(self._render)
+        self.new_button = QPushButton("New chat", objectName="new_chat")
+        self.new_button.clicked.connect(self.new_chat)
+        for label, widget in (("model", self.model_box), (None, browse), ("draft", self.draft_box),
+                              (None, self.load_button), ("temperature", self.temperature),
+                              ("max tokens", self.max_tokens), (None, self.highlight), (None, self.new_button)):
+            if label:
+                bar.addWidget(QLabel(label))
+            bar.addWidget(widget)
+        bar.setStretchFactor(self.model_box, 2)
+        bar.setStretchFactor(self.draft_box, 1)
+        layout.addLayout(bar)
+
+        self.transcript = QTextEdit(objectName="transcript", readOnly=True)
+        layout.addWidget(self.transcript, 1)
+
+        stats = QHBoxLayout()
+        self.stat_labels: dict[str, QLabel] = {}
+        for key in stats_fields({}):
+            label = QLabel(f"{key}: –", objectName=f"stat:{key}")
+            self.stat_labels[key] = label
+            stats.addWidget(label)
+        stats.addStretch(1)
+        self.served_by = QLabel("", objectName="served_by")
+        stats.addWidget(self.served_by)
+        layout.addLayout(stats)
+
+        row = QHBoxLayout()
+        self.input = _Input(objectName="input", placeholderText="Message (Enter sends, Shift+Enter: new line)")
+        self.input.setFixedHeight(70)
+        self.input.submitted.connect(self.send)
+        self.send_button = QPushButton("Send", objectName="send")
+        self.send_button.clicked.connect(self.send)
+        self.stop_button = QPushButton("Stop", objectName="stop", enabled=False)
+        self.stop_button.clicked.connect(self.stop)
+        QShortcut(QKeySequence("Escape"), self, activated=self.stop)
+        row.addWidget(self.input, 1)
+        row.addWidget(self.send_button)
+        row.addWidget(self.stop_button)
+        layout.addLayout(row)
+        self.setCentralWidget(root)
+
+        self.progress = QProgressBar(objectName="progress", maximumWidth=160, textVisible=False)
+        self.progress.setRange(0, 0)  # busy indicator
+        self.progress.hide()
+        self.status = QLabel("", objectName="status")
+        self.statusBar().addWidget(self.status, 1)
+        self.statusBar().addPermanentWidget(self.progress)
+
+    # -- actions --------------------------------------------------------------------------------------
+
+    @property
+    def generating(self) -> bool:
+        return self._worker is not None and self._worker.is_alive()
+
+    def send(self) -> None:
+        text = self.input.toPlainText().strip()
+        if not text or self.generating or self.session.engine is None:
+            return
+        self.session.settings = ChatSettings(temperature=self.temperature.value(),
+                                             max_new_tokens=self.max_tokens.value(),
+                                             seed=self.session.settings.seed)
+        self.input.clear()
+        self._sent_text = text
+        self._history.append(("user", [(text, False)]))
+        self._history.append(("assistant", []))
+        self._render()
+        self._stop.clear()
+        self._set_busy(True, "generating…")
+        self._worker = threading.Thread(target=self._generate, args=(text,), daemon=True, name="mirrorsd-chat")
+        self._worker.start()
+
+    def _generate(self, text: str) -> None:  # worker thread
+        turn = self.session.reply(text, on_token=self.signals.token.emit, stop=self._stop)
+        self.signals.turn_done.emit(turn)
+
+    def stop(self) -> None:
+        """Stop the reply now: the worker closes the stream after the step in flight."""
+        if self.generating:
+            self._stop.set()
+            self.stop_button.setEnabled(False)
+            self.status.setText("stopping…")
+
+    def new_chat(self) -> None:
+        if self.generating:
+            return
+        self.session.new_chat()
+        self._history.clear()
+        self._render()
+        self.status.setText("new chat")
+
+    def load_model(self) -> None:
+        if self.generating or (self._loader is not None and self._loader.is_alive()):
+            return
+        target, draft = self.model_box.currentText().strip(), self.draft_box.currentText().strip()
+        self._set_busy(True, f"loading {target} (draft: {draft})…", loading=True)
+
+        def work() -> None:  # worker thread
+            from mirrorsd.engine import Engine
+
+            try:
+                engine = Engine.load(target=target, draft=draft, device=self.device, dtype=self.dtype)
+            except Exception as exc:  # shown in the window
+                self.signals.load_failed.emit(describe_error(exc))
+                return
+            self.signals.loaded.emit(engine)
+
+        self._loader = threading.Thread(target=work, daemon=True, name="mirrorsd-load")
+        self._loader.start()
+
+    def _browse(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Model folder")
+        if folder:
+            self.model_box.setCurrentText(folder)
+
+    # -- results (UI thread) --------------------------------------------------------------------------
+
+    def _on_token(self, event) -> None:
+        self._history[-1][1].append((event.text, event.from_draft))
+        if event.text:
+            self._append(event.text, event.from_draft)
+        self._show_stats(event.stats.to_dict())
+
+    def _on_turn_done(self, turn: Turn) -> None:
+        self.last_turn = turn
+        self._set_busy(False)
+        if turn.finish_reason == "error":
+            # The session rolled back: drop the turn's lines, keep the text to try again.
+            self._history = self._history[:-2]
+            self.input.setPlainText(self._sent_text)
+            self._history.append(("error", [(turn.error, False)]))
+            self._render()
+            self.status.setText("error (the conversation is kept)")
+            return
+        if turn.tail:
+            self._history[-1][1].append((turn.tail, False))
+            self._append(turn.tail, False)
+        self._show_stats(turn.stats)
+        stopped = turn.finish_reason == "cancelled"
+        self.status.setText("stopped" if stopped else f"done ({turn.finish_reason})")
+        notes = (["stopped"] if stopped else []) + [f"{reason} (the reply is unaffected)"
+                                                     for reason in turn.stats.get("fallbacks", ())]
+        for note in notes:
+            self._history.append(("note", [(note, False)]))
+        if notes:
+            self._render()
+
+    def _on_loaded(self, engine) -> None:
+        old = self.session.engine
+        self.session.engine = engine
+        if old is not None and old is not engine:
+            old.close()
+        self._set_busy(False, f"ready: {engine_summary(engine)}")
+        self.served_by.setText(engine_summary(engine))
+
+    def _on_load_failed(self, message: str) -> None:
+        self._set_busy(False)
+        self._history.append(("error", [(message, False)]))
+        self._render()
+        kept = "; still chatting with the previous model" if self.session.engine is not None else ""
+        self.status.setText(f"could not load the model{kept}")
+
+    # -- drawing --------------------------------------------------------------------------------------
+
+    def _set_busy(self, busy: bool, message: str = "", loading: bool = False) -> None:
+        self.progress.setVisible(busy)
+        self.send_button.setEnabled(not busy)
+        self.stop_button.setEnabled(busy and not loading)
+        self.load_button.setEnabled(not busy)
+        self.new_button.setEnabled(not busy)
+        if message:
+            self.status.setText(message)
+
+    def _show_stats(self, stats: dict) -> None:
+        for key, value in stats_fields(stats).items():
+            self.stat_labels[key].setText(f"{key}: {value}")
+        details = "\n".join(f"{k}: {v}" for k, v in stats.items())  # every field, including ones added later
+        for label in self.stat_labels.values():
+            label.setToolTip(details)
+
+    def _render(self) -> None:
+        """Redraw the whole transcript (after a new turn, an error, or toggling highlighting)."""
+        self.transcript.clear()
+        for role, pieces in self._history:
+            cursor = self._end()
+            if not self.transcript.document().isEmpty():
+                cursor.insertBlock()
+            title = QTextCharFormat()
+            title.setFontWeight(QFont.Bold)
+            if role in ("error", "note"):
+                title.setForeground(ERROR_COLOUR if role == "error" else QColor("gray"))
+                cursor.insertText(("error: " if role == "error" else "") + "".join(t for t, _ in pieces), title)
+                continue
+            cursor.insertText("You" if role == "user" else "Assistant", title)
+            cursor.insertBlock()
+            for text, from_draft in pieces:
+                if text:
+                    self._append(text, from_draft)
+
+    def _append(self, text: str, from_draft: bool) -> None:
+        fmt = QTextCharFormat()
+        if from_draft and self.highlight.isChecked():
+            fmt.setBackground(DRAFT_BACKGROUND)
+        self._end().insertText(text, fmt)
+        self.transcript.ensureCursorVisible()
+
+    def _end(self) -> QTextCursor:
+        cursor = self.transcript.textCursor()
+        cursor.movePosition(QTextCursor.End)
+        self.transcript.setTextCursor(cursor)
+        return cursor
+
+    def closeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        self._stop.set()
+        if self._worker is not None:
+            self._worker.join(timeout=10)
+        if self.session.engine is not None:
+            self.session.engine.close()
+        super().closeEvent(event)
+
+
+def run_window(target: str, draft: str, device: str = "auto", dtype: str = "auto",
+               settings: ChatSettings | None = None) -> int:
+    app = QApplication.instance() or QApplication([])
+    window = ChatWindow(target, draft, device, dtype, settings)
+    window.show()
+    return app.exec()

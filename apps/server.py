@@ -1,0 +1,510 @@
+"""OpenAI-compatible HTTP server on one Engine: `mirrorsd serve` (FastAPI + uvicorn).
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions (both with "stream": true for SSE),
+GET /v1/models, GET /health. Responses carry OpenAI's `usage`, llama.cpp-style `timings` and a
+`speculative` block (GenerationStats.to_dict(): acceptance, mean accepted length, drafter, ...).
+
+Requests are served in turn: one worker thread runs them on the single Engine, first come first
+served; a client that disconnects (mid-stream, or while its request waits) cancels its generation.
+Errors are OpenAI-shaped JSON (`{"error": {"message", "type", "param", "code"}}`), never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from mirrorsd.apps.chat_session import describe_error
+from mirrorsd.config import GenerationConfig
+from mirrorsd.errors import MirrorsdError
+from mirrorsd.results import FinishEvent, GenerationResult, TokenEvent
+
+log = logging.getLogger("mirrorsd.server")
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    max_tokens: int = 4096
+    """Largest max_tokens a request may ask for (over it: 400). Requests that omit it get this much,
+    clipped to what is left of the context window."""
+
+    max_body_bytes: int = 1 << 20
+    """Largest request body (over it: 413)."""
+
+
+class OpenAIError(Exception):
+    """An error answered as OpenAI's API answers it."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(status_code=self.status, content=self.body())
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# -- request bodies (extra fields that OpenAI clients send and we do not use are accepted) ------------
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)  # llama.cpp / vLLM extension
+    repetition_penalty: float | None = Field(default=None, gt=0.0)  # llama.cpp / vLLM extension
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    n: int = 1
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict] | None = None
+
+
+class ChatRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+    logprobs: int | None = None
+
+
+# -- the single-engine queue ---------------------------------------------------------------------------
+
+class Job:
+    """One request's place in the queue; its events arrive on an asyncio queue."""
+
+    def __init__(self, ids: list[int], config: GenerationConfig, loop: asyncio.AbstractEventLoop) -> None:
+        self.ids, self.config, self.loop = ids, config, loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def put(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the event loop is gone (server shutting down)
+            self.cancel()
+
+
+_CANCELLED = object()
+
+
+class Runner:
+    """Runs requests in turn on one Engine in one worker thread, first come first served."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirrorsd-engine")
+        self._state = threading.Lock()
+        self.queued = 0
+        self.running: TokenEvent | None = None  # the in-flight request's latest event (live stats)
+        self.busy = False
+        self.finished: Counter[str] = Counter()  # finish reasons of finished requests
+        self.last_stats: dict | None = None
+
+    def submit(self, ids: list[int], config: GenerationConfig) -> Job:
+        job = Job(ids, config, asyncio.get_running_loop())
+        with self._state:
+            self.queued += 1
+        self._pool.submit(self._work, job)
+        return job
+
+    def _work(self, job: Job) -> None:
+        with self._state:
+            self.queued -= 1
+        if job.cancelled.is_set():  # its client left while it waited
+            self._finish("cancelled", None)
+            job.put(_CANCELLED)
+            return
+        self.busy = True
+        reason, stats = "cancelled", None
+        stream = None
+        try:
+            stream = self.engine.stream(job.ids, job.config)
+            for event in stream:
+                if isinstance(event, FinishEvent):
+                    reason, stats = event.result.finish_reason, event.result.stats.to_dict()
+                else:
+                    self.running = event
+                job.put(event)
+                if job.cancelled.is_set():
+                    break
+        except Exception as exc:  # reported to the client as an OpenAI error
+            log.exception("generation failed")
+            reason = "error"
+            job.put(exc)
+        finally:
+            if stream is not None:
+                stream.close()  # cancels the generation if it is still running
+            self.running = None
+            self.busy = False
+            self._finish(reason, stats)
+        if reason == "cancelled":
+            job.put(_CANCELLED)
+
+    def _finish(self, reason: str, stats: dict | None) -> None:
+        with self._state:
+            self.finished[reason] += 1
+            if stats is not None:
+                self.last_stats = stats
+
+    def health(self) -> dict:
+        running = self.running
+        return {"status": "ok", "busy": self.busy, "queued": self.queued, "finished": dict(self.finished),
+                "current": running.stats.to_dict() if running is not None else None, "last": self.last_stats}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+# -- the app -------------------------------------------------------------------------------------------
+
+def create_app(engine, model_name: str | None = None, api_key: str | None = None,
+               limits: ServerLimits | None = None) -> FastAPI:
+    """The ASGI app serving `engine` under the model id `model_name` (default: engine.name)."""
+    limits = limits or ServerLimits()
+    model_id = model_name or engine.name
+    runner = Runner(engine)
+    created = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        runner.close()
+
+    app = FastAPI(title="mirrorsd", description="OpenAI-compatible server on a mirrorsd Engine", lifespan=lifespan)
+    app.state.runner = runner
+    app.add_middleware(_BodyLimit, limit=limits.max_body_bytes)
+
+    def check_key(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise OpenAIError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'",
+                              code="invalid_api_key")
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request, exc: OpenAIError):
+        return exc.response()
+
+    @app.exception_handler(MirrorsdError)
+    async def _mirrorsd_error(request, exc: MirrorsdError):
+        return OpenAIError(400, str(exc)).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            return OpenAIError(400, f"We could not parse the JSON body of your request: {first.get('msg', '')}",
+                               code="invalid_json").response()
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        return OpenAIError(400, f"{param or 'body'}: {first.get('msg', 'invalid request')}", param=param,
+                           code="invalid_value").response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request, exc: StarletteHTTPException):
+        return OpenAIError(exc.status_code, str(exc.detail), code=None).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request, exc: Exception):
+        log.exception("unexpected error")
+        return OpenAIError(500, describe_error(exc), "server_error").response()
+
+    @app.get("/health")
+    async def health() -> dict:
+        return runner.health()
+
+    @app.get("/v1/models", dependencies=[Depends(check_key)])
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
+                                            "owned_by": "mirrorsd"}]}
+
+    def prepare(body: _Request, prompt) -> tuple[list[int], GenerationConfig]:
+        if body.model != model_id:
+            raise OpenAIError(404, f"The model `{body.model}` does not exist; this server serves `{model_id}`",
+                              param="model", code="model_not_found")
+        if body.n != 1:
+            raise OpenAIError(400, "only n=1 is supported", param="n", code="invalid_value")
+        wanted = getattr(body, "max_completion_tokens", None) or body.max_tokens
+        if wanted is not None and wanted > limits.max_tokens:
+            raise OpenAIError(400, f"max_tokens is {wanted}; this server allows at most {limits.max_tokens}",
+                              param="max_tokens", code="invalid_value")
+        ids = engine.encode(prompt)
+        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        try:
+            config = GenerationConfig(
+                max_new_tokens=wanted or limits.max_tokens,
+                temperature=1.0 if body.temperature is None else body.temperature,  # OpenAI's default
+                top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
+                repetition_penalty=body.repetition_penalty or 1.0, seed=body.seed, stop=stop)
+        except MirrorsdError as exc:
+            raise OpenAIError(400, str(exc), code="invalid_value") from exc
+        return ids, config
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
+    async def chat_completions(body: ChatRequest, request: Request):
+        messages = [{"role": m.role, "content": _text_of(m.content)} for m in body.messages]
+        ids, config = prepare(body, messages)
+        return await respond(request, body, ids, config, chat=True)
+
+    @app.post("/v1/completions", dependencies=[Depends(check_key)])
+    async def completions(body: CompletionRequest, request: Request):
+        if body.echo or body.logprobs:
+            raise OpenAIError(400, "echo and logprobs are not supported", param="echo" if body.echo else "logprobs",
+                              code="unsupported_parameter")
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise OpenAIError(400, "send one prompt per request", param="prompt", code="invalid_value")
+            prompt = prompt[0]
+        ids, config = prepare(body, prompt)
+        return await respond(request, body, ids, config, chat=False)
+
+    async def respond(request: Request, body: _Request, ids: list[int], config: GenerationConfig, chat: bool):
+        job = runner.submit(ids, config)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        if body.stream:
+            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            return StreamingResponse(_sse(job, rid, model_id, chat, include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            result = await _collect(job, request)
+        finally:
+            job.cancel()  # a no-op once finished; cancels if this handler is torn down early
+        if result is None:  # the client went away
+            return JSONResponse(status_code=499, content=OpenAIError(499, "client closed request").body())
+        body_out = _envelope(rid, model_id, chat)
+        body_out["choices"] = [
+            {"index": 0, "message": {"role": "assistant", "content": result.text}, "logprobs": None,
+             "finish_reason": result.finish_reason} if chat else
+            {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}]
+        body_out.update(_accounting(result))
+        return body_out
+
+    return app
+
+
+def _text_of(content) -> str:
+    """Message content as text: a string, or the text parts of a list of content parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise OpenAIError(400, f"content parts of type {part.get('type')!r} are not supported (text only)",
+                              param="messages", code="unsupported_content")
+        parts.append(str(part.get("text", "")))
+    return "".join(parts)
+
+
+def _envelope(rid: str, model_id: str, chat: bool, chunk: bool = False) -> dict:
+    kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": model_id}
+
+
+def _accounting(result: GenerationResult) -> dict:
+    """`usage` (OpenAI), `timings` (llama.cpp's server names) and the full speculative-decoding stats."""
+    s = result.stats
+    completion = len(result.token_ids)
+    total_ms = s.total_time_s * 1000.0
+    return {
+        "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": completion,
+                  "total_tokens": s.prompt_tokens + completion},
+        "timings": {"prompt_n": s.prompt_tokens, "predicted_n": completion, "predicted_ms": total_ms,
+                    "predicted_per_token_ms": total_ms / completion if completion else 0.0,
+                    "predicted_per_second": s.tokens_per_second, "draft_n": s.drafted_tokens,
+                    "draft_n_accepted": s.accepted_tokens},
+        "speculative": s.to_dict(),
+    }
+
+
+async def _collect(job: Job, request: Request) -> GenerationResult | None:
+    """Wait for the whole result, watching for the client going away meanwhile."""
+    while True:
+        try:
+            item = await asyncio.wait_for(job.events.get(), timeout=0.25)
+        except TimeoutError:
+            if await request.is_disconnected():
+                job.cancel()
+                return None
+            continue
+        if isinstance(item, FinishEvent):
+            return item.result
+        if item is _CANCELLED:
+            return None
+        if isinstance(item, Exception):
+            raise item
+
+
+async def _sse(job: Job, rid: str, model_id: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events as OpenAI streams them. If the client disconnects, Starlette cancels this
+    generator and the `finally` cancels the generation."""
+    def chunk(choice: dict | None, extra: dict | None = None) -> str:
+        out = _envelope(rid, model_id, chat, chunk=True)
+        out["choices"] = [choice] if choice is not None else []
+        out.update(extra or {})
+        return f"data: {json.dumps(out)}\n\n"
+
+    try:
+        if chat:
+            yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+        while True:
+            item = await job.events.get()
+            if isinstance(item, TokenEvent):
+                if item.text:
+                    yield chunk({"index": 0, "delta": {"content": item.text}, "finish_reason": None} if chat else
+                                {"index": 0, "text": item.text, "finish_reason": None})
+                continue
+            if isinstance(item, FinishEvent):
+                accounting = _accounting(item.result)
+                reason = item.result.finish_reason
+                last = ({"index": 0, "delta": {"content": item.text} if item.text else {}, "finish_reason": reason}
+                        if chat else {"index": 0, "text": item.text, "finish_reason": reason})
+                yield chunk(last, {"timings": accounting["timings"], "speculative": accounting["speculative"]})
+                if include_usage:
+                    yield chunk(None, {"usage": accounting["usage"]})
+            elif isinstance(item, Exception):
+                err = OpenAIError(400 if isinstance(item, MirrorsdError) else 500, describe_error(item),
+                                  "invalid_request_error" if isinstance(item, MirrorsdError) else "server_error")
+                yield f"data: {json.dumps(err.body())}\n\n"
+            yield "data: [DONE]\n\n"
+            return
+    finally:
+        job.cancel()
+
+
+class _BodyLimit:
+    """ASGI middleware: answer 413 for a request body over `limit` bytes (by Content-Length, or as
+    it arrives for a chunked body) before any endpoint parses it."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await self._too_large(send)
+            return
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.limit:
+                await self._too_large(send)
+                return
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send) -> None:
+        err = OpenAIError(413, f"request body over the server's limit of {self.limit} bytes",
+                          code="request_too_large")
+        await err.response()({"type": "http"}, None, send)
+
+
+# -- running it ----------------------------------------------------------------------------------------
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class BackgroundServer:
+    """The real uvicorn server in a thread, on a socket bound before it starts (port 0 = any free
+    port; `.url` tells which). A context manager; used by the tests and by programs that embed a server."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "BackgroundServer":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+
+def serve(engine, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
+          model_name: str | None = None, limits: ServerLimits | None = None) -> None:
+    """Serve until Ctrl-C (blocking)."""
+    import uvicorn
+
+    app = create_app(engine, model_name=model_name, api_key=api_key, limits=limits)
+    if not is_loopback(host) and api_key is None:
+        log.warning("serving on %s without --api-key: anyone who can reach this address can use the model", host)
+    uvicorn.run(app, host=host, port=port, log_level="info")
+

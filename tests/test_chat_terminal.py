@@ -1,0 +1,99 @@
+"""The terminal chat (what `mirrorsd chat` opens without a display): in-process with a real Ctrl-C,
+and as a user runs it (a subprocess with no DISPLAY)."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from drafters_for_tests import PacedDrafter
+from mirrorsd import Engine, GenerationConfig
+from mirrorsd.apps.chat_session import ChatSession, ChatSettings
+from mirrorsd.apps.chat_terminal import DRAFT_STYLE, run_terminal_chat
+from mirrorsd.runtime.drafters import NGramDrafter
+
+
+class Screen(io.StringIO):
+    def isatty(self) -> bool:
+        return False
+
+
+def lines_then_eof(*lines):
+    queue = list(lines)
+
+    def read(prompt: str) -> str:
+        if not queue:
+            raise EOFError
+        return queue.pop(0)
+    return read
+
+
+def test_commands_history_and_highlighting(tokenizer, target_model):
+    engine = Engine(target_model, tokenizer, NGramDrafter(), name="tiny")
+    session = ChatSession(engine, ChatSettings(temperature=0.0, max_new_tokens=40))
+    out = Screen()
+    run_terminal_chat(session, lines_then_eof("def quicksort(arr):", "/max 12", "/temp 0", "Hello world!",
+                                              "/stats", "/temp -1", "/bogus"), out, highlight=True)
+    text = out.getvalue()
+    assert "tiny on cpu · draft ngram" in text
+    assert [m["role"] for m in session.messages] == ["user", "assistant", "user", "assistant"]
+    first = engine.generate([{"role": "user", "content": "def quicksort(arr):"}], GenerationConfig(max_new_tokens=40))
+    assert session.messages[1]["content"] == first.text
+    assert "(max tokens 12)" in text and "tokens 12 ·" in text and "mean accepted length" in text
+    assert '"verify_steps"' in text  # /stats prints the whole stats dict
+    assert "error: temperature must be >= 0" in text and "commands:" in text
+    if any(first.from_draft):
+        assert DRAFT_STYLE in text
+
+
+def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(tokenizer, target_model):
+    engine = Engine(target_model, tokenizer, PacedDrafter(NGramDrafter(), 0.01), name="tiny")
+    session = ChatSession(engine, ChatSettings(temperature=0.0, max_new_tokens=200))
+    started = threading.Event()
+
+    class Watched(Screen):
+        def write(self, s):
+            if s and "assistant> " in self.getvalue():
+                started.set()
+            return super().write(s)
+
+    def press_ctrl_c():
+        started.wait(30)
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered to this (main) thread
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    out = Watched()
+    run_terminal_chat(session, lines_then_eof("def f(x):", "/max 5", "hi"), out)
+    text = out.getvalue()
+    assert "· stopped]" in text
+    stopped_reply = session.messages[1]["content"]
+    assert len(engine.encode(stopped_reply)) < 150 if stopped_reply else True
+    assert [m["role"] for m in session.messages] == ["user", "assistant", "user", "assistant"]  # it went on
+    assert "tokens 5 ·" in text
+
+
+def test_mirrorsd_chat_without_a_display_falls_back_to_the_terminal(tiny_folder):
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    out = subprocess.run([sys.executable, "-m", "mirrorsd.cli", "chat", "--target", str(tiny_folder), "--draft",
+                          "ngram", "--temperature", "0", "--max-new-tokens", "16"],
+                         input="def quicksort(arr):\n/new\n/quit\n", capture_output=True, text=True, timeout=300,
+                         env={**env, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr
+    assert "no display" in out.stderr and "chatting in the terminal" in out.stderr
+    assert "assistant> " in out.stdout and "tokens 16 ·" in out.stdout and "(new chat)" in out.stdout
+    assert "\x1b[" not in out.stdout  # no colour codes when the output is not a terminal
+
+
+def test_errors_read_as_messages():
+    import torch
+
+    from mirrorsd.apps.chat_session import describe_error
+    from mirrorsd.errors import PromptError
+
+    assert describe_error(PromptError("too long", "shorten it")) == "too long\n  hint: shorten it"
+    oom = describe_error(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert oom.startswith("out of memory: CUDA out of memory") and "hint:" in oom

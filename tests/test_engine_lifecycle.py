@@ -1,0 +1,98 @@
+"""Engine as a context manager, close(), and sharing one Engine between threads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from conftest import make_model
+from drafters_for_tests import PacedDrafter
+from mirrorsd import Engine, EngineClosedError, GenerationConfig
+from mirrorsd.runtime.drafters import NGramDrafter
+
+
+def test_with_block_closes_and_later_calls_say_so(tokenizer):
+    with Engine(make_model(tokenizer, seed=0, sharpness=30.0), tokenizer, NGramDrafter()) as engine:
+        assert engine.generate("hello", GenerationConfig(max_new_tokens=4)).token_ids
+    assert engine.closed and engine.verifier.model is None  # the model is released
+    with pytest.raises(EngineClosedError, match="closed"):
+        engine.generate("hello")
+    engine.close()  # closing twice is fine
+
+
+def test_close_waits_for_the_running_request(tokenizer):
+    engine = Engine(make_model(tokenizer, seed=0, sharpness=30.0), tokenizer, PacedDrafter(NGramDrafter(), 0.01))
+    stream = engine.stream("def f(x):", GenerationConfig(max_new_tokens=20))
+    next(stream)  # the request now holds the engine
+    closer = threading.Thread(target=engine.close)
+    closer.start()
+    time.sleep(0.2)
+    assert closer.is_alive() and not engine.closed  # it waits for the request
+    rest = list(stream)  # the request finishes normally
+    closer.join(timeout=10)
+    assert engine.closed and rest[-1].result.finish_reason in ("length", "stop")
+
+
+class _CountingDrafter(NGramDrafter):
+    """Records how many requests are inside the engine at once."""
+
+    def __init__(self):
+        super().__init__()
+        self.inside = self.most = 0
+        self.guard = threading.Lock()
+
+    def start(self, config):
+        with self.guard:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        super().start(config)
+
+    def finish(self, prompt, tokens):
+        with self.guard:
+            self.inside -= 1
+
+
+def test_threads_are_served_one_at_a_time_with_the_same_results(tokenizer, target_model):
+    drafter = _CountingDrafter()
+    engine = Engine(target_model, tokenizer, drafter)
+    prompts = ["hello", "def quicksort(arr):", "import numpy", "The quick brown fox", "for i in range(10):"]
+    cfg = GenerationConfig(max_new_tokens=16)
+    alone = {p: engine.generate(p, cfg).token_ids for p in prompts}
+    got: dict[str, list[int]] = {}
+    threads = [threading.Thread(target=lambda p=p: got.__setitem__(p, engine.generate(p, cfg).token_ids))
+               for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == alone and drafter.most == 1
+
+
+def test_ctrl_c_anywhere_in_a_request_leaves_the_engine_usable(tokenizer, target_model):
+    """A real SIGINT lands wherever the main thread is (mid-forward, mid cache crop, in a drafter):
+    the next request must still be exactly right (KV caches are reset, never left half-updated)."""
+    engine = Engine(target_model, tokenizer, PacedDrafter(NGramDrafter(), 0.01))
+    follow_up = [{"role": "user", "content": "def f(x):"}, {"role": "assistant", "content": "ort"},
+                 {"role": "user", "content": "hi"}]
+    cfg = GenerationConfig(max_new_tokens=12)
+    expected = engine.generate(follow_up, cfg).token_ids
+    for delay in (0.0, 0.0, 0.0, 0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03):
+        first = threading.Event()
+
+        def interrupt():
+            first.wait(10)
+            time.sleep(delay)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        stream = engine.stream(follow_up[:1], GenerationConfig(max_new_tokens=200))  # shares the cached prefix
+        with pytest.raises(KeyboardInterrupt):
+            for _ in stream:
+                first.set()
+            time.sleep(5)  # the reply ended first: wait here for the signal
+        stream.close()
+        assert engine.generate(follow_up, cfg).token_ids == expected
