@@ -414,7 +414,8 @@ def pipelined_decode(
             schedule.observe(n_drafted, draft_cost, t2 - t1)
             schedule.update(n_drafted, n_accepted)
             acceptance.update(n_drafted, n_accepted)
-            gate.record(bool(draft.tokens), len(new_tokens), t2 - t0)
+            if generated > len(new_tokens):  # the first step carries the prompt prefill
+                gate.record(bool(draft.tokens), len(new_tokens), t2 - t0)
             yield Step(new_tokens, n_drafted, n_accepted, source, t1 - t0, t2 - t1, reason, branch_outcome)
             reason = None
     finally:

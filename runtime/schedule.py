@@ -28,56 +28,81 @@ class SpeculationGate:
     """Turns drafting off while it does not pay, measured, not guessed.
 
     Compares the throughput of drafted steps (committed tokens / (draft + verify seconds)) with that of
-    plain one-token steps, both as moving averages. While drafted steps are slower, drafting pauses
-    for `backoff` steps, then one drafted step probes again; each failed probe doubles the pause (up
-    to max_backoff), a good one resets it. Until both kinds of step have been measured it drafts,
-    except that a drafter which always proposes gets one plain step after `measure_plain_after`
-    drafted ones, so there is a plain rate to compare with.
+    plain one-token steps, each as a ratio of moving averages (tokens over seconds, so one unlucky step
+    that commits a single token after a long draft does not swing the rate). While drafted steps are
+    slower, drafting pauses for `backoff` steps; then a probe of `probe_steps` drafted steps measures
+    drafting afresh; a failed probe doubles the pause (up to max_backoff), a good one resets it. Until
+    both kinds of step have been measured it drafts, except that a drafter which always proposes gets
+    one plain step after `measure_plain_after` drafted ones, so there is a plain rate to compare with.
+    (The loops do not record a request's first step: it carries the prompt prefill.)
 
     Timing-based switching changes which random numbers a sampling run draws, so with a seed the gate
     stays open: a seed must reproduce a run exactly. Output is lossless either way.
     """
 
     def __init__(self, enabled: bool = True, decay: float = 0.7, min_backoff: int = 8, max_backoff: int = 64,
-                 measure_plain_after: int = 3) -> None:
+                 measure_plain_after: int = 3, probe_steps: int = 3) -> None:
         self.enabled = enabled
         self.decay = decay
         self.min_backoff, self.max_backoff = min_backoff, max_backoff
         self.backoff = min_backoff
         self.paused_for = 0
-        self.drafted_rate: float | None = None  # tokens per second of drafted steps
-        self.plain_rate: float | None = None  # tokens per second of plain steps
-        self.probing = False  # the next drafted step ends a pause
-        self.measure_plain_after = measure_plain_after
+        self.measure_plain_after, self.probe_steps = measure_plain_after, probe_steps
         self.drafted_steps = 0
+        self._drafted: list[float] | None = None  # moving averages [tokens, seconds] of drafted steps
+        self._plain: list[float] | None = None  # the same for plain steps
+        self._probe: list[float] | None = None  # [tokens, seconds, steps left] while probing
+
+    @property
+    def drafted_rate(self) -> float | None:
+        return self._drafted[0] / self._drafted[1] if self._drafted else None
+
+    @property
+    def plain_rate(self) -> float | None:
+        return self._plain[0] / self._plain[1] if self._plain else None
 
     def should_draft(self) -> bool:
-        if self.enabled and self.plain_rate is None and self.drafted_steps >= self.measure_plain_after:
+        if not self.enabled:
+            return True
+        if self._plain is None and self.drafted_steps >= self.measure_plain_after:
             return False  # measure one plain step
-        if not self.enabled or self.paused_for == 0:
+        if self.paused_for == 0:
             return True
         self.paused_for -= 1
-        return self.paused_for == 0  # the step after the pause is a probe
+        if self.paused_for == 0:
+            self._probe = [0.0, 0.0, self.probe_steps]
+        return self.paused_for == 0
 
     def record(self, drafted: bool, tokens: int, seconds: float) -> None:
         if not self.enabled or seconds <= 0:
             return
-        rate = tokens / seconds
-        self.drafted_steps += drafted
         if not drafted:
-            self.plain_rate = self._ema(self.plain_rate, rate)
+            self._plain = self._ema(self._plain, tokens, seconds)
             return
-        # A probe measures drafting afresh; otherwise drafted steps feed the moving average.
-        self.drafted_rate = rate if self.probing else self._ema(self.drafted_rate, rate)
-        if self.plain_rate is not None and self.drafted_rate < self.plain_rate:
-            if self.probing:
-                self.backoff = min(self.backoff * 2, self.max_backoff)
-            self.paused_for, self.probing = self.backoff, True
+        self.drafted_steps += 1
+        if self._probe is not None:  # a probe: judge drafting on these steps alone
+            self._probe[0] += tokens
+            self._probe[1] += seconds
+            self._probe[2] -= 1
+            if self._probe[2] > 0:
+                return
+            self._drafted, self._probe = [self._probe[0], self._probe[1]], None
+            probed = True
         else:
-            self.backoff, self.probing = self.min_backoff, False
+            self._drafted = self._ema(self._drafted, tokens, seconds)
+            probed = False
+        if self._plain is not None and self.drafted_rate < self.plain_rate:
+            if probed:
+                self.backoff = min(self.backoff * 2, self.max_backoff)
+            self.paused_for = self.backoff
+        elif probed:
+            self.backoff = self.min_backoff
 
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else self.decay * old + (1 - self.decay) * new
+    def _ema(self, old: list[float] | None, tokens: float, seconds: float) -> list[float]:
+        if old is None:
+            return [tokens, seconds]
+        d = self.decay
+        return [d * old[0] + (1 - d) * tokens, d * old[1] + (1 - d) * seconds]
 
 
 class AcceptanceEstimate:

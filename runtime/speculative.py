@@ -87,7 +87,8 @@ def speculative_decode(
                 reason, drafter, fallback = _drop(drafter, exc), _start(fallback, config), None
         schedule.observe(len(draft.tokens), t1 - t0, t2 - t1)
         schedule.update(len(draft.tokens), n_accepted)
-        gate.record(bool(draft.tokens), len(new_tokens), t2 - t0)
+        if generated > len(new_tokens):  # the first step carries the prompt prefill: not a fair sample
+            gate.record(bool(draft.tokens), len(new_tokens), t2 - t0)
         yield Step(new_tokens, len(draft.tokens), n_accepted, draft.source if draft.tokens else "none",
                    t1 - t0, t2 - t1, reason)
 

@@ -71,7 +71,9 @@ def test_greedy_output_equals_target_only_and_transformers(kind, adaptive, targe
             assert s.drafted_tokens > 0 and s.accepted_tokens < s.drafted_tokens
         if kind in ("retrieval", "chain") and prompt in PROMPTS[:2]:  # the datastore knows these replies
             # (mean accepted length with a fixed K only: the adaptive K follows measured costs)
-            assert s.acceptance_rate > 0.8 and (adaptive or s.mean_accepted_length > 3)
+            # (the chain also tries n-gram drafts, which miss more often here, until it has learned)
+            assert s.acceptance_rate > (0.8 if kind == "retrieval" else 0.6)
+            assert adaptive or s.mean_accepted_length > 3
 
 
 def test_rollback_then_regenerate_reuses_the_cache_correctly(target_model, tokenizer):

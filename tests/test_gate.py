@@ -1,5 +1,7 @@
 """The speculation gate on synthetic step timings."""
 
+import pytest
+
 from mirrorsd.runtime.schedule import SpeculationGate
 
 
@@ -16,13 +18,13 @@ def run_steps(gate, n, drafted_rate, plain_rate):
 
 
 def test_drafting_that_pays_is_never_paused():
-    gate = SpeculationGate()
+    gate = SpeculationGate(probe_steps=1)
     gate.record(False, 1, 0.05)  # a plain step: 20 tok/s
     assert run_steps(gate, 100, drafted_rate=50, plain_rate=20) == 100
 
 
 def test_drafting_that_costs_is_paused_and_probed_with_growing_backoff():
-    gate = SpeculationGate(min_backoff=4, max_backoff=16)
+    gate = SpeculationGate(min_backoff=4, max_backoff=16, probe_steps=1)
     gate.record(False, 1, 0.05)  # plain: 20 tok/s
     drafted = run_steps(gate, 200, drafted_rate=10, plain_rate=20)
     assert 3 <= drafted <= 20  # a few probes, not every step
@@ -30,7 +32,7 @@ def test_drafting_that_costs_is_paused_and_probed_with_growing_backoff():
 
 
 def test_drafting_resumes_when_it_pays_again():
-    gate = SpeculationGate(min_backoff=4, max_backoff=16)
+    gate = SpeculationGate(min_backoff=4, max_backoff=16, probe_steps=1)
     gate.record(False, 1, 0.05)
     run_steps(gate, 50, drafted_rate=10, plain_rate=20)
     assert run_steps(gate, 100, drafted_rate=60, plain_rate=20) >= 80
@@ -44,7 +46,27 @@ def test_disabled_gate_always_drafts():
 
 
 def test_a_drafter_that_always_proposes_still_gets_a_plain_step_to_compare_with():
-    gate = SpeculationGate(min_backoff=4, max_backoff=16, measure_plain_after=3)
+    gate = SpeculationGate(min_backoff=4, max_backoff=16, measure_plain_after=3, probe_steps=1)
     assert run_steps(gate, 4, drafted_rate=10, plain_rate=20) == 3  # three drafted, then one plain
     assert gate.plain_rate == 20
     assert run_steps(gate, 100, drafted_rate=10, plain_rate=20) <= 10  # now it pauses
+
+
+def test_one_unlucky_step_does_not_pause_drafting_and_probes_span_several_steps():
+    """Rates are ratios of averaged tokens and seconds: a step that commits 1 token after a long draft
+    pulls the average down a little, not to its own rate."""
+    gate = SpeculationGate(min_backoff=4, probe_steps=3)
+    gate.record(False, 1, 0.4)  # plain: 2.5 tok/s
+    for _ in range(5):
+        gate.record(True, 12, 2.0)  # 6 tok/s
+    gate.record(True, 1, 2.0)  # one unlucky step: 0.5 tok/s
+    assert gate.should_draft() and gate.paused_for == 0
+    for _ in range(10):  # drafting stops paying
+        gate.record(True, 2, 2.0)
+    assert gate.paused_for == 4
+    assert [gate.should_draft() for _ in range(4)] == [False, False, False, True]  # then a probe begins
+    gate.record(True, 1, 2.0)  # a probe's unlucky first step is judged with the next two
+    assert gate.should_draft()
+    gate.record(True, 14, 2.0)
+    gate.record(True, 14, 2.0)
+    assert gate.paused_for == 0 and gate.backoff == 4 and gate.drafted_rate == pytest.approx(29 / 6)
