@@ -8,7 +8,7 @@ import pytest
 
 from mirrorsd import Engine, GenerationConfig
 
-from test_cli import run, tiny_folder  # noqa: F401 - the fixture is used by name
+from test_cli import run  # (tiny_folder is a conftest fixture)
 
 
 def test_devices_on_this_machine_keeps_the_model_free_chain():
@@ -19,7 +19,7 @@ def test_devices_on_this_machine_keeps_the_model_free_chain():
 
 
 @pytest.fixture(scope="module")
-def exported(tiny_folder, tmp_path_factory):  # noqa: F811
+def exported(tiny_folder, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli-export") / "npu"
     result = run("export", "--model", str(tiny_folder), "--out", str(out), "--max-context", "128",
                  "--prefill-chunk", "8")
