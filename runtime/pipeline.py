@@ -411,7 +411,8 @@ def pipelined_decode(
             generated += len(new_tokens)
             n_drafted = len(draft.tokens)
             draft_cost = n_drafted * look.token_seconds if worker is not None else t1 - t0
-            schedule.observe(n_drafted, draft_cost, t2 - t1)
+            if generated > len(new_tokens):  # the first step carries the prompt prefill
+                schedule.observe(n_drafted, draft_cost, t2 - t1)
             schedule.update(n_drafted, n_accepted)
             acceptance.update(n_drafted, n_accepted)
             if generated > len(new_tokens):  # the first step carries the prompt prefill

@@ -85,10 +85,10 @@ def speculative_decode(
                 drafter.accepted(committed, n_accepted)
             except Exception as exc:
                 reason, drafter, fallback = _drop(drafter, exc), _start(fallback, config), None
-        schedule.observe(len(draft.tokens), t1 - t0, t2 - t1)
-        schedule.update(len(draft.tokens), n_accepted)
         if generated > len(new_tokens):  # the first step carries the prompt prefill: not a fair sample
+            schedule.observe(len(draft.tokens), t1 - t0, t2 - t1)
             gate.record(bool(draft.tokens), len(new_tokens), t2 - t0)
+        schedule.update(len(draft.tokens), n_accepted)
         yield Step(new_tokens, len(draft.tokens), n_accepted, draft.source if draft.tokens else "none",
                    t1 - t0, t2 - t1, reason)
 
