@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from mirrorsd.errors import PromptError
+from mirrorsd.runtime.torch_model import common_prefix
 
 
 class HostCacheLM:
@@ -35,12 +36,7 @@ class HostCacheLM:
         del self._cached[length:]
 
     def _common_prefix(self, tokens: Sequence[int]) -> int:
-        i = 0
-        for a, b in zip(self._cached, tokens):
-            if a != b:
-                break
-            i += 1
-        return i
+        return common_prefix(self._cached, tokens)
 
     def score(self, committed: Sequence[int], draft: Sequence[int] = ()) -> torch.Tensor:
         """Logits [k+1, V] (float32): row i is the distribution after committed + draft[:i]."""

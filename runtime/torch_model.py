@@ -28,6 +28,20 @@ EarlyExitCallback = Callable[[torch.Tensor, torch.Tensor], None]
 """Receives (top-kappa token ids [k+1, kappa], their log-probabilities [k+1, kappa]) at layer l_e."""
 
 
+def common_prefix(cached: list[int], tokens: Sequence[int]) -> int:
+    """Length of the longest common prefix of a cache's token history and `tokens` (fast path: the
+    cache is a prefix of them, the usual case when decoding moves forward)."""
+    n = len(cached)
+    if len(tokens) >= n and list(tokens[:n]) == cached:
+        return n
+    i = 0
+    for a, b in zip(cached, tokens):
+        if a != b:
+            break
+        i += 1
+    return i
+
+
 class TorchCausalLM:
     """Verifier protocol implementation: score(committed, draft) -> [k+1, V], truncate(length)."""
 
@@ -114,15 +128,7 @@ class TorchCausalLM:
         del self._cached[length:]
 
     def _common_prefix(self, tokens: Sequence[int]) -> int:
-        n = len(self._cached)
-        if len(tokens) >= n and list(tokens[:n]) == self._cached:
-            return n
-        i = 0
-        for a, b in zip(self._cached, tokens):
-            if a != b:
-                break
-            i += 1
-        return i
+        return common_prefix(self._cached, tokens)
 
     @torch.inference_mode()
     def score(self, committed: Sequence[int], draft: Sequence[int] = (),
