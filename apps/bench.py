@@ -43,6 +43,7 @@ class Cell:
 class BenchOptions:
     target: str = "qwen2.5-coder-1.5b"
     draft_model: str | None = "qwen2.5-coder-0.5b"
+    draft_export: str | None = None  # export folder for the exported-draft rows
     per_category: int = 2
     prompts_file: str | None = None
     max_new_tokens: int = 64
@@ -71,7 +72,8 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
 
             check_tokenizers_match(engine.tokenizer, draft_engine.tokenizer, opts.target, opts.draft_model)
             draft_lm = draft_engine.verifier.model
-    ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model if draft_lm is not None else None, datastore)
+    ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model if draft_lm is not None else None, datastore,
+                       opts.draft_export)
     prompts = load_workload(opts.prompts_file) if opts.prompts_file else bundled_suite(opts.per_category)
     encoded = [engine.encode(p.request) for p in prompts]
 
@@ -276,6 +278,11 @@ def _models(ctx: BenchContext, opts: BenchOptions) -> dict:
     models = {"target": describe(ctx.target_name, ctx.model)}
     if ctx.draft_lm is not None:
         models["draft"] = describe(ctx.draft_name, ctx.draft_lm)
+    export = ctx.__dict__.get("export_drafter")  # only if a configuration loaded it
+    if export is not None:
+        m = export.lm.manifest
+        models["draft export"] = {"name": ctx.draft_export, "format": m["format"], "profile": m["profile"],
+                                  "precision": m["precision"], "quant": m.get("quant_form"), "backend": export.name}
     store = ctx.__dict__.get("datastore")  # only if a configuration opened it
     if store is not None:
         models["datastore"] = {"tokens": store.num_tokens, "tokenizer": store.header.get("tokenizer_name")}
@@ -385,12 +392,20 @@ def markdown(report: dict) -> str:
         lines += [f"| {c['ours']} | {c['peer']} | {c['ratio']:.2f}x |" for c in report["ours_vs_peers"]]
     if report["skipped"]:
         lines += ["", "Not run: " + "; ".join(f"{s['configuration']} ({s['reason']})" for s in report["skipped"]) + "."]
-    models = "; ".join(f"{k}: {val.get('name', '')} {val.get('parameters', '')} params {val.get('dtype', '')}"
-                       if k != "datastore" else f"datastore: {val['tokens']} tokens" for k, val in m.items())
+    models = "; ".join(_describe_model(k, val) for k, val in m.items())
     lines += ["", f"Models: {models}."]
     if report.get("plots"):
         lines += [""] + [f"![{Path(p).stem}]({Path(p).name})" for p in report["plots"]]
     return "\n".join(lines) + "\n"
+
+
+def _describe_model(kind: str, val: dict) -> str:
+    if kind == "datastore":
+        return f"datastore: {val['tokens']} tokens"
+    if kind == "draft export":
+        return (f"draft export: {val['name']} ({val['format']} {val['profile']} profile, {val['precision']}, "
+                f"quant {val['quant']}, on {val['backend']})")
+    return f"{kind}: {val.get('name', '')} {val.get('parameters', '')} params {val.get('dtype', '')}"
 
 
 def command_line() -> str | None:

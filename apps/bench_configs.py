@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from mirrorsd import Engine, GenerationConfig
+from mirrorsd.engine import fallback_for
 from mirrorsd.results import FinishEvent, GenerationStats
 from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
 from mirrorsd.runtime.torch_model import TorchCausalLM
@@ -68,6 +69,7 @@ class BenchContext:
     draft_lm: torch.nn.Module | None = None  # the independent draft model, if one was given
     draft_name: str | None = None
     datastore_spec: object = "default"  # "default" (stdlib), a Datastore, a path, or None (no retrieval rows)
+    draft_export: str | None = None  # an export folder (`mirrorsd export`) for the exported-draft rows
 
     @property
     def model(self):
@@ -76,6 +78,18 @@ class BenchContext:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    @cached_property
+    def export_drafter(self):
+        """The exported draft on ONNX Runtime's CPU provider (one session shared by its rows), with the
+        thread split the engine gives an export beside a CPU target."""
+        from mirrorsd.runtime.drafters.exported import drafter_from_export
+        from mirrorsd.runtime.pipeline import CPU_DRAFT_THREADS
+
+        if self.draft_export is None:
+            return None
+        threads = CPU_DRAFT_THREADS if self.engine.verifier.device.type == "cpu" else None
+        return drafter_from_export(self.draft_export, self.tokenizer, self.target_name, "cpu", threads)
 
     @cached_property
     def datastore(self):
@@ -121,7 +135,7 @@ def ours(ctx: BenchContext, drafter, **config: object) -> Runner:
 
     def run(ids: list[int], cfg: GenerationConfig) -> Output:
         engine = ctx.engine
-        engine.drafter = drafter
+        engine.drafter, engine.fallback = drafter, fallback_for(drafter)  # as Engine.load pairs them
         out = Output([])
         with tempfile.TemporaryDirectory(prefix="mirrorsd-bench-") as tmp:
             trace = Path(tmp) / "trace.json"
@@ -192,6 +206,7 @@ def _with_store(make):
 
 TARGET_ONLY = "target only (ours)"
 _STORE, _DRAFT = "a retrieval datastore", "a draft model (--draft-model)"
+_EXPORT = "an exported draft (--draft-export DIR, made by `mirrorsd export`)"
 
 register(BenchConfig(TARGET_ONLY, lambda ctx: ours(ctx, None)))
 register(BenchConfig("transformers generate", lambda ctx: transformers_generate(ctx), peer_of=TARGET_ONLY))
@@ -207,6 +222,10 @@ for _mode in ("sequential", "overlap", "branches"):  # issue #4's pipeline: one 
     register(BenchConfig(f"draft model, {_mode} (ours)",
                          lambda ctx, mode=_mode: ours(ctx, _draft_model(ctx), pipeline=mode) if ctx.draft_lm is not None
                          else None, needs=_DRAFT))
+for _mode in ("sequential", "overlap", "branches"):  # the same draft exported (issue #3), on ONNX Runtime
+    register(BenchConfig(f"exported draft, {_mode} (ours)",
+                         lambda ctx, mode=_mode: ours(ctx, ctx.export_drafter, pipeline=mode)
+                         if ctx.draft_export is not None else None, needs=_EXPORT))
 register(BenchConfig("assisted generation (transformers)",
                      lambda ctx: transformers_generate(ctx, assistant_model=ctx.draft_lm) if ctx.draft_lm is not None
                      else None, peer_of="draft model, sequential (ours)", needs=_DRAFT))

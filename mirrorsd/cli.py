@@ -107,6 +107,8 @@ def bench(
     k: Annotated[int, typer.Option("--k", help="Draft tokens per step for our drafters (the start value "
                                                                   "where K adapts).")] = 8,
     dtype: Annotated[str, typer.Option(help="Model dtype for every configuration: float32 | bfloat16 | float16.")] = "float32",
+    draft_export: Annotated[Optional[str], typer.Option(help="An export folder (`mirrorsd export`) for the "
+                                                             "exported-draft rows, run on ONNX Runtime's CPU provider.")] = None,
     datastore: Annotated[str, typer.Option(help="Datastore for the retrieval rows: 'default' (this Python's stdlib), "
                                                 "a datastore folder, or 'none' to skip them.")] = "default",
     only: Annotated[Optional[list[str]], typer.Option(help="Run only this configuration (repeatable; "
@@ -124,7 +126,8 @@ def bench(
                   max_new_tokens=max_new_tokens, repeats=repeats)
     if quick:
         values.update({key: val for key, val in QUICK.items() if key not in given})
-    run_bench(BenchOptions(prompts_file=prompts, k=k, dtype=dtype, only=tuple(only or ()), out=out, **values),
+    run_bench(BenchOptions(prompts_file=prompts, k=k, dtype=dtype, only=tuple(only or ()), out=out,
+                           draft_export=draft_export, **values),
               datastore=None if datastore == "none" else datastore, command=command_line())
 
 

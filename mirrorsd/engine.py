@@ -14,7 +14,8 @@ from mirrorsd.contracts import Drafter
 from mirrorsd.errors import ConfigError, EngineClosedError, PromptError
 from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
 from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
-from mirrorsd.runtime.pipeline import overlap_threads, pipelined_decode
+from mirrorsd.runtime.cpu_kernels import use_onednn_linear
+from mirrorsd.runtime.pipeline import CPU_DRAFT_THREADS, overlap_threads, pipelined_decode
 from mirrorsd.runtime.speculative import speculative_decode
 from mirrorsd.runtime.timeline import Timeline
 from mirrorsd.runtime.torch_model import TorchCausalLM
@@ -33,8 +34,9 @@ class Engine:
     stream starts and released when it finishes or is closed), so one Engine may be shared by threads;
     the others wait their turn. Use as a context manager or call close().
 
-    fallback: the drafter that takes over when `drafter` fails mid-request (Engine.load gives a
-    model draft the model-free chain); None: plain decoding takes over."""
+    fallback: the model-free drafter beside a draft model (Engine.load: n-gram, see fallback_for). The
+    pipeline lets it serve steps where its draft beats waiting for the model's; it takes over when
+    `drafter` fails mid-request. None: plain decoding takes over."""
 
     def __init__(self, model, tokenizer, drafter: Drafter | None = None, device: torch.device | str | None = None,
                  name: str = "target", fallback: Drafter | None = None) -> None:
@@ -70,12 +72,11 @@ class Engine:
         device = verifier_device or device
         dev = resolve_device(device)
         model, tokenizer = load_model(target, dev, parse_dtype(dtype, dev), progress)
+        use_onednn_linear(model)
         drafter = _make_drafter(draft, tokenizer, target, draft_device or device,
-                                draft_dtype or dtype, progress, export_device=draft_device)
-        # A draft model that fails mid-request hands over to n-gram drafting (free to set up; retrieval
-        # would first need a datastore for this tokenizer), then plain decoding.
-        fallback = NGramDrafter() if hasattr(drafter, "propose_iter") else None
-        return cls(model, tokenizer, drafter, dev, name=target, fallback=fallback)
+                                draft_dtype or dtype, progress, export_device=draft_device,
+                                export_threads=CPU_DRAFT_THREADS if dev.type == "cpu" else None)
+        return cls(model, tokenizer, drafter, dev, name=target, fallback=fallback_for(drafter))
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -236,8 +237,15 @@ class Engine:
         self.close()
 
 
+def fallback_for(drafter: Drafter | None) -> Drafter | None:
+    """The model-free drafter beside a draft model: n-gram (free to set up; retrieval would first need a
+    datastore for this tokenizer). The pipeline lets it serve the steps where its draft, made at once,
+    beats waiting for the model's, and every step once the draft model fails; then plain decoding."""
+    return NGramDrafter() if hasattr(drafter, "propose_iter") else None
+
+
 def _make_drafter(draft, target_tokenizer, target_name: str, device, dtype, progress: bool,
-                  export_device: str | None = None) -> Drafter | None:
+                  export_device: str | None = None, export_threads: int | None = None) -> Drafter | None:
     """See Engine.load for the accepted values of `draft`."""
     if draft is None or draft == "none":
         return None
@@ -264,12 +272,13 @@ def _make_drafter(draft, target_tokenizer, target_name: str, device, dtype, prog
     if is_export(draft):
         from mirrorsd.runtime.drafters.exported import drafter_from_export
 
-        return drafter_from_export(draft, target_tokenizer, target_name, export_device)
+        return drafter_from_export(draft, target_tokenizer, target_name, export_device, export_threads)
     from mirrorsd.devices import parse_dtype, resolve_device
     from mirrorsd.models import load_model
 
     dev = resolve_device(device)
     model, tokenizer = load_model(draft, dev, parse_dtype(dtype, dev), progress)
+    use_onednn_linear(model)
     check_tokenizers_match(target_tokenizer, tokenizer, target_name, draft)
     return TorchDraftModel(TorchCausalLM(model, dev), name=f"torch:{dev.type}")
 

@@ -46,6 +46,7 @@ from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Draft, Drafter
 from mirrorsd.runtime.schedule import AcceptanceEstimate, SpeculationGate, make_schedule
 from mirrorsd.runtime.speculative import Step, _check_draft, _drop
+from mirrorsd.runtime.speedup import expected_tokens_per_step
 from mirrorsd.runtime.timeline import DRAFT, VERIFY, Timeline
 from mirrorsd.runtime.torch_model import TorchCausalLM
 from mirrorsd.verify import verify
@@ -328,7 +329,11 @@ def pipelined_decode(
         if not worker.start():
             reason = _drop(drafter, RuntimeError("still busy in a call from an earlier request"))
             worker = None
-    if worker is None and fallback is not None:
+    # The model-free drafter may serve any step, not only after the model drafter is dropped; where the
+    # choice would depend on timing, a seeded sampling run keeps to the model (it must reproduce).
+    choose = config.greedy or config.seed is None
+    quick_acceptance = AcceptanceEstimate()  # the model-free drafter's, on the steps it served
+    if fallback is not None and (worker is None or choose):
         fallback.start(config)
     epoch = 0
     look = _Lookahead([], [])
@@ -340,9 +345,22 @@ def pipelined_decode(
         while generated < max_new_tokens:
             budget = min(schedule.k, max_new_tokens - generated - 1, verifier.max_context - len(committed) - 1)
             t0 = time.perf_counter()
-            draft, source = Draft.empty(), "none"
+            draft, source, quick = Draft.empty(), "none", False
             if budget > 0 and gate.should_draft():
-                if worker is not None:
+                if worker is not None and choose and fallback is not None and verify_seconds:
+                    # Per step, the best available draft: the model-free one, made now, when verifying it
+                    # promises more tokens per second than waiting for the worker's lookahead to fill.
+                    _drain(worker, look, epoch, len(committed), None)
+                    if len(look.tokens) < budget and look.stalled_at is None:
+                        draft, reason = _propose_inline(fallback, committed, budget, verifier.vocab_size, timeline)
+                        if reason:
+                            fallback = None
+                        quick = bool(draft.tokens) and _quick_pays(
+                            len(draft.tokens), quick_acceptance.alpha, budget, acceptance.alpha,
+                            (budget - len(look.tokens)) * look.token_seconds, verify_seconds)
+                        if not quick:
+                            draft = Draft.empty()
+                if worker is not None and not quick:
                     reason = _fill(worker, look, epoch, len(committed), budget, config.draft_timeout_s)
                     if reason is None:
                         k = min(budget, len(look.tokens))
@@ -352,22 +370,19 @@ def pipelined_decode(
                     else:  # the drafter failed: stop its worker, the fallback serves from now on
                         _stop_worker(worker)
                         worker = None
-                        if fallback is not None:
+                        if fallback is not None and not choose:
                             fallback.start(config)
                 if worker is None and fallback is not None:
-                    try:
-                        with timeline.span(DRAFT, "fallback draft"):
-                            draft = fallback.propose(committed, budget)
-                        _check_draft(draft, budget, verifier.vocab_size)
-                    except Exception as exc:
-                        reason, fallback, draft = _drop(fallback, exc), None, Draft.empty()
+                    draft, failed = _propose_inline(fallback, committed, budget, verifier.vocab_size, timeline)
+                    if failed:
+                        reason, fallback = failed, None
             if draft.tokens:
                 source = draft.source
             t1 = time.perf_counter()
             hints: list[tuple[np.ndarray, np.ndarray]] = []
             exit_spec = None
             miss = 1.0 - acceptance.alpha ** (len(draft.tokens) + 1)
-            if worker is not None and exit_layer and draft.tokens and miss >= MIN_MISS_FOR_BRANCHES:
+            if worker is not None and exit_layer and draft.tokens and not quick and miss >= MIN_MISS_FOR_BRANCHES:
                 deadline = t1 + (verify_seconds or 0.0)
                 kappa = config.branch_width
 
@@ -403,18 +418,21 @@ def pipelined_decode(
                     worker.draft_queue.put(Rebase(epoch, tuple(committed), tuple(look.tokens), limit, n_accepted))
             else:
                 committed.extend(new_tokens)
-                if fallback is not None:
-                    try:
-                        fallback.accepted(committed, n_accepted)
-                    except Exception as exc:
-                        reason, fallback = _drop(fallback, exc), None
+            if fallback is not None and (worker is None or choose):
+                try:
+                    fallback.accepted(committed, n_accepted)
+                except Exception as exc:
+                    reason, fallback = _drop(fallback, exc), None
             generated += len(new_tokens)
             n_drafted = len(draft.tokens)
-            draft_cost = n_drafted * look.token_seconds if worker is not None else t1 - t0
-            if generated > len(new_tokens):  # the first step carries the prompt prefill
-                schedule.observe(n_drafted, draft_cost, t2 - t1)
-            schedule.update(n_drafted, n_accepted)
-            acceptance.update(n_drafted, n_accepted)
+            if quick:  # the K schedule and alpha describe the model drafter; this step was the other one's
+                quick_acceptance.update(n_drafted, n_accepted)
+            else:
+                draft_cost = n_drafted * look.token_seconds if worker is not None else t1 - t0
+                if generated > len(new_tokens):  # the first step carries the prompt prefill
+                    schedule.observe(n_drafted, draft_cost, t2 - t1)
+                schedule.update(n_drafted, n_accepted)
+                acceptance.update(n_drafted, n_accepted)
             if generated > len(new_tokens):  # the first step carries the prompt prefill
                 gate.record(bool(draft.tokens), len(new_tokens), t2 - t0)
             yield Step(new_tokens, n_drafted, n_accepted, source, t1 - t0, t2 - t1, reason, branch_outcome)
@@ -423,6 +441,27 @@ def pipelined_decode(
         if worker is not None:
             _stop_worker(worker)
         torch.set_num_threads(saved_threads)
+
+
+def _propose_inline(drafter: Drafter, committed: list[int], budget: int, vocab_size: int,
+                    timeline: Timeline) -> tuple[Draft, str | None]:
+    """A draft from the model-free drafter on the verify worker's thread: (draft, reason it was dropped)."""
+    try:
+        with timeline.span(DRAFT, f"{drafter.name} draft"):
+            draft = drafter.propose(committed, budget)
+        _check_draft(draft, budget, vocab_size)
+        return draft, None
+    except Exception as exc:  # a failing drafter costs speed, never output
+        return Draft.empty(), _drop(drafter, exc)
+
+
+def _quick_pays(k_quick: int, alpha_quick: float, k_model: int, alpha_model: float, wait: float,
+                verify_seconds: float) -> bool:
+    """Whether verifying the model-free draft (k_quick tokens, now) commits more tokens per second than
+    waiting `wait` seconds for the lookahead's k_model tokens: expected tokens per step (Leviathan) over
+    the step's time. The worker keeps drafting meanwhile, so a quick step also shortens the next wait."""
+    model_rate = expected_tokens_per_step(alpha_model, k_model) / (wait + verify_seconds)
+    return expected_tokens_per_step(alpha_quick, k_quick) / verify_seconds > model_rate
 
 
 def _fill(worker: DraftWorker, look: _Lookahead, epoch: int, committed_len: int, want: int,
@@ -489,12 +528,28 @@ def _stop_worker(worker: DraftWorker) -> None:
                     getattr(worker.drafter, "name", worker.drafter))
 
 
+CPU_DRAFT_THREADS = 1
+"""Threads a draft computing on the CPU gets while a CPU verifier runs beside it (torch threads of the
+draft worker, or the intra-op threads of an ONNX Runtime session on the CPU provider)."""
+
+
+def draft_on_cpu(drafter: Drafter | None) -> bool:
+    """Whether the drafter's model computes on the CPU: a torch model on the CPU, or an export on ONNX
+    Runtime's CPU provider (an export on Core ML or an NPU provider does not, though its logits land on
+    the host)."""
+    lm = getattr(drafter, "lm", None)
+    if lm is None:
+        return False
+    provider = getattr(lm, "provider", None)
+    if provider is not None:
+        return provider == "CPUExecutionProvider"
+    return lm.device.type == "cpu"
+
+
 def overlap_threads(verifier_device: torch.device, drafter: Drafter | None) -> tuple[int, int] | None:
     """Split the CPU cores when both workers compute on it: one thread for a CPU draft model, the rest
     for the verifier (one decoding thread per model was measured as fast as two on a 2-core laptop)."""
-    lm = getattr(drafter, "lm", None)
-    if verifier_device.type != "cpu" or lm is None or lm.device.type != "cpu":
+    if verifier_device.type != "cpu" or not draft_on_cpu(drafter):
         return None
     cores = torch.get_num_threads()
-    return (max(1, cores - 1), 1)
-
+    return (max(1, cores - CPU_DRAFT_THREADS), CPU_DRAFT_THREADS)

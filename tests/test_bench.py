@@ -14,6 +14,7 @@ from mirrorsd.apps.bench import QUICK, BenchOptions, run_bench
 from mirrorsd.apps.bench_configs import CONFIGS, BenchConfig, ours
 from mirrorsd.apps.prompt_suite import CATEGORIES, bundled_suite, load_workload
 from mirrorsd.errors import PromptError
+from mirrorsd.exporters import export_draft
 from mirrorsd.runtime.datastore import build_datastore
 
 BROKEN = "history-corrupting drafter (broken on purpose)"
@@ -29,9 +30,11 @@ def bench_report(tmp_path_factory, tokenizer):
     # Long enough a context for the bundled suite's prompts under the tiny byte-level tokenizer.
     target = make_model(tokenizer, seed=0, sharpness=30.0, context=4096)
     draft = make_model(tokenizer, seed=1, sharpness=30.0, context=4096)
+    export = tmp / "draft-export"  # the same draft, exported for ONNX Runtime (the exported-draft rows)
+    export_draft(draft, export, profile="dynamic", max_context=4096, tokenizer=tokenizer, validate=False)
     broken = BenchConfig(BROKEN, lambda ctx: ours(ctx, HistoryCorruptingDrafter(len(tokenizer))))
     opts = BenchOptions(**{**QUICK, "target": "tiny-llama", "draft_model": "tiny-llama-draft",
-                           "max_new_tokens": 24}, out=str(tmp / "out"))
+                           "max_new_tokens": 24}, draft_export=str(export), out=str(tmp / "out"))
     report = run_bench(opts, engine=Engine(target, tokenizer, name="tiny-llama"), draft_lm=draft, datastore=store,
                        configs=[*CONFIGS, broken])
     return report, tmp / "out"
@@ -67,6 +70,9 @@ def test_report_files_are_well_formed(bench_report):
     for key in ("machine", "models", "versions", "settings", "prompts", "ours_vs_peers"):
         assert on_disk[key], key
     assert on_disk["models"]["target"]["dtype"] == "torch.float32" and "draft" in on_disk["models"]
+    assert on_disk["models"]["draft export"]["backend"] == "onnx:CPU"
+    exported = next(r for r in on_disk["rows"] if r["configuration"] == "exported draft, overlap (ours)")
+    assert set(exported["drafters"]) - {"none", "ngram"} == {"onnx:CPU"}  # the export served the drafted steps
     assert {"torch", "transformers", "python"} <= set(on_disk["versions"])
     peers = {(c["ours"], c["peer"]) for c in on_disk["ours_vs_peers"]}
     assert ("draft model, sequential (ours)", "assisted generation (transformers)") in peers

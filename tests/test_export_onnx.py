@@ -239,3 +239,24 @@ def test_qwen2_family_with_qkv_bias_and_tied_embeddings_exports_exactly(tmp_path
     report = export_draft(model, tmp_path / "qwen2", profile="npu", max_context=64, prefill_chunk=8,
                           tokenizer=tokenizer)["validation"]
     assert report["passed"] and report["max_abs_logit_diff"] <= 1e-4, report
+
+
+def test_an_export_on_the_cpu_provider_shares_the_cores_with_a_cpu_target(exports, tiny_folder):
+    """Beside a CPU target, a CPU-provider export drafts with CPU_DRAFT_THREADS intra-op threads and the
+    verifier keeps the rest; an export on Core ML or an NPU provider leaves the verifier every core."""
+    from types import SimpleNamespace
+
+    from mirrorsd.runtime.drafters import TorchDraftModel
+    from mirrorsd.runtime.pipeline import CPU_DRAFT_THREADS, draft_on_cpu, overlap_threads
+
+    engine = Engine.load(target=str(tiny_folder), draft=str(exports["self-dynamic"]), device="cpu")
+    drafter = engine.drafter
+    session = next(iter(drafter.lm.sessions.values()))
+    assert session.get_session_options().intra_op_num_threads == CPU_DRAFT_THREADS
+    assert draft_on_cpu(drafter)
+    cores = torch.get_num_threads()
+    assert overlap_threads(torch.device("cpu"), drafter) == (max(1, cores - CPU_DRAFT_THREADS), CPU_DRAFT_THREADS)
+    assert overlap_threads(torch.device("cuda"), drafter) is None
+    for provider in ("coreml", "QNNExecutionProvider", "OpenVINOExecutionProvider"):
+        on_npu = TorchDraftModel(SimpleNamespace(provider=provider, device=torch.device("cpu")), name="npu")
+        assert not draft_on_cpu(on_npu) and overlap_threads(torch.device("cpu"), on_npu) is None
