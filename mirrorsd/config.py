@@ -57,8 +57,10 @@ class GenerationConfig:
     "branches": overlap plus Mirror-SD early exit: the verify pass publishes its layer-l_e top-kappa
     tokens and the draft worker prepares the likeliest correction branches (Llama/Qwen2/Mistral
     targets; others run as "overlap");
-    "auto": "overlap" for a draft model (measured fastest on a 2-core CPU, see the README), "sequential"
-    for model-free drafters (they draft in microseconds, so there is nothing to hide). Output is
+    "auto": "overlap" for a draft model that computes apart from the target (an NPU or GPU draft beside
+    a CPU target, a CPU or NPU draft beside a GPU target); "sequential" when both models compute on the
+    same CPU (they would split its cores, and each model runs faster on all of them: measured in the
+    README) and for model-free drafters (they draft in microseconds: nothing to hide). Output is
     identical in every mode."""
 
     early_exit_layer: int | None = None

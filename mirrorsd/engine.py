@@ -15,7 +15,7 @@ from mirrorsd.errors import ConfigError, EngineClosedError, PromptError
 from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
 from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
 from mirrorsd.runtime.cpu_kernels import use_onednn_linear
-from mirrorsd.runtime.pipeline import CPU_DRAFT_THREADS, overlap_threads, pipelined_decode
+from mirrorsd.runtime.pipeline import CPU_DRAFT_THREADS, draft_on_cpu, overlap_threads, pipelined_decode
 from mirrorsd.runtime.speculative import speculative_decode
 from mirrorsd.runtime.timeline import Timeline
 from mirrorsd.runtime.torch_model import TorchCausalLM
@@ -131,8 +131,9 @@ class Engine:
         mode = cfg.pipeline
         if self.drafter is None:
             return "sequential"
-        if mode == "auto":
-            mode = "overlap" if hasattr(self.drafter, "propose_iter") else "sequential"
+        if mode == "auto":  # overlap only where the draft computes beside the target, not on its cores
+            apart = not (self.verifier.device.type == "cpu" and draft_on_cpu(self.drafter))
+            mode = "overlap" if hasattr(self.drafter, "propose_iter") and apart else "sequential"
         if mode == "branches" and not (self.verifier.supports_early_exit and cfg.branch_width > 0):
             mode = "overlap"
         if mode == "branches" and cfg.early_exit_layer is not None and cfg.early_exit_layer >= self.verifier.num_layers:

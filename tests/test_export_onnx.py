@@ -95,7 +95,7 @@ def target_only(model, tokenizer, prompt, cfg):
 
 @pytest.mark.parametrize("name", ["self-npu", "other-npu", "self-dynamic", "self-npu-int8", "self-dynamic-int4"])
 def test_engine_with_the_onnx_drafter_is_token_equal_to_target_only(exports, name, target_model, tokenizer):
-    for pipeline in ("auto", "sequential"):  # auto: the two-queue pipeline drafts on its worker thread
+    for pipeline in ("overlap", "sequential"):  # overlap: the two-queue pipeline drafts on its worker thread
         check_token_equal(exports[name], name, target_model, tokenizer,
                           GenerationConfig(max_new_tokens=60, num_draft_tokens=4, pipeline=pipeline))
 

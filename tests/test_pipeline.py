@@ -289,3 +289,20 @@ def test_per_step_the_pipeline_serves_the_quicker_model_free_draft(mode, target_
                                                           temperature=0.8, seed=3))
     assert "ngram" not in seeded.stats.drafters  # a seeded run must not depend on timing: the model serves
     wait_for_no_draft_threads()
+
+
+def test_auto_overlaps_only_a_draft_that_computes_apart_from_the_target(target_model, other_model, tokenizer):
+    """auto: sequential when draft and target share the CPU's cores (or the drafter is model-free);
+    overlap for a draft on an NPU provider or Core ML, or on another torch device."""
+    from types import SimpleNamespace
+
+    cfg = GenerationConfig(pipeline="auto")
+    on_cpu = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    assert on_cpu.pipeline_mode(cfg) == "sequential"
+    assert on_cpu.pipeline_mode(GenerationConfig(pipeline="overlap")) == "overlap"  # asked for: honoured
+    assert Engine(target_model, tokenizer, NGramDrafter()).pipeline_mode(cfg) == "sequential"
+    for lm in (SimpleNamespace(provider="QNNExecutionProvider", device=torch.device("cpu")),
+               SimpleNamespace(provider="coreml", device=torch.device("cpu")),
+               SimpleNamespace(device=torch.device("mps"))):
+        apart = Engine(target_model, tokenizer, TorchDraftModel(lm, name="elsewhere"))
+        assert apart.pipeline_mode(cfg) == "overlap", lm
