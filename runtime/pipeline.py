@@ -147,6 +147,7 @@ class DraftWorker:
         self.draft_queue: queue.Queue = queue.Queue()
         self.verify_queue: queue.Queue = queue.Queue()
         self.cancelled = threading.Event()
+        self.drafting = False  # False while the worker waits for instructions (its cores are free)
         self.token_seconds: float | None = None  # moving average of the time to draft one token
         self.lookahead_score = 0.0  # early-exit estimate that the current step lands on the lookahead
         self.thread = threading.Thread(target=self._run, name="mirrorsd-draft", daemon=True)
@@ -176,6 +177,7 @@ class DraftWorker:
         except BaseException as exc:  # noqa: BLE001 - whatever kills the worker must reach the verifier
             self.verify_queue.put(WorkerFailed(f"{type(exc).__name__}: {exc}"))
         finally:
+            self.drafting = False
             with _busy_lock:
                 _busy_drafters.discard(id(self.drafter))
 
@@ -185,6 +187,8 @@ class DraftWorker:
         branches: list[list] = []  # [score, context, at, correction, tokens left, base_len], best first
         while not self.cancelled.is_set():
             idle = not branches and (stalled or len(seq) >= limit)
+            if idle:
+                self.drafting = False
             try:
                 msg = self.draft_queue.get(block=idle)
             except queue.Empty:
@@ -210,6 +214,7 @@ class DraftWorker:
                     msg = None
             if self.cancelled.is_set():
                 return
+            self.drafting = bool(branches) or (not stalled and len(seq) < limit)
             if branches and (stalled or len(seq) >= limit or branches[0][0] > self.lookahead_score):
                 self._draft_branch(branches)
             elif not stalled and len(seq) < limit:
@@ -285,6 +290,34 @@ class DraftWorker:
 
 # -- the verify worker -----------------------------------------------------------------------------
 
+class CoreSharing:
+    """A work-conserving split of the CPU between the two workers when both compute on it: the verify
+    pass runs on its own `verify` threads while the draft worker drafts, and takes the draft's threads
+    too whenever the worker is idle (its lookahead is full), switching between decoder layers. A verify
+    pass is most of a step and, with oneDNN kernels, runs far faster on every core; drafting K tokens
+    is the short part, so a fixed split would leave the draft's core idle for the rest of the pass."""
+
+    def __init__(self, model: torch.nn.Module, worker: "DraftWorker", threads: tuple[int, int]) -> None:
+        self.worker, self.threads = worker, threads
+        self.owner = threading.get_ident()  # only the verify worker's passes switch (a self-draft shares the model)
+        self.current = torch.get_num_threads()
+        layers = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len, default=[])
+        self.handles = [layer.register_forward_pre_hook(self._before_layer) for layer in layers]
+
+    def _before_layer(self, module, args) -> None:
+        if threading.get_ident() != self.owner:
+            return
+        want = self.threads[0] + (0 if self.worker.drafting else self.threads[1])
+        if want != self.current:
+            torch.set_num_threads(want)
+            self.current = want
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
 @dataclass
 class _Lookahead:
     """What the verify worker holds of the draft worker's lookahead, relative to `committed`."""
@@ -323,12 +356,14 @@ def pipelined_decode(
     saved_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads[0])
-    worker, reason = None, None
+    worker, reason, sharing = None, None, None
     if drafter is not None:
         worker = DraftWorker(drafter, config, timeline, verifier.vocab_size, threads[1] if threads else None)
         if not worker.start():
             reason = _drop(drafter, RuntimeError("still busy in a call from an earlier request"))
             worker = None
+    if worker is not None and threads:
+        sharing = CoreSharing(verifier.model, worker, threads)
     # The model-free drafter may serve any step, not only after the model drafter is dropped; where the
     # choice would depend on timing, a seeded sampling run keeps to the model (it must reproduce).
     choose = config.greedy or config.seed is None
@@ -370,6 +405,10 @@ def pipelined_decode(
                     else:  # the drafter failed: stop its worker, the fallback serves from now on
                         _stop_worker(worker)
                         worker = None
+                        if sharing is not None:  # the verifier has the CPU to itself from now on
+                            sharing.close()
+                            sharing = None
+                            torch.set_num_threads(saved_threads)
                         if fallback is not None and not choose:
                             fallback.start(config)
                 if worker is None and fallback is not None:
@@ -438,6 +477,8 @@ def pipelined_decode(
             yield Step(new_tokens, n_drafted, n_accepted, source, t1 - t0, t2 - t1, reason, branch_outcome)
             reason = None
     finally:
+        if sharing is not None:
+            sharing.close()
         if worker is not None:
             _stop_worker(worker)
         torch.set_num_threads(saved_threads)

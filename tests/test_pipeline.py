@@ -306,3 +306,43 @@ def test_auto_overlaps_only_a_draft_that_computes_apart_from_the_target(target_m
                SimpleNamespace(device=torch.device("mps"))):
         apart = Engine(target_model, tokenizer, TorchDraftModel(lm, name="elsewhere"))
         assert apart.pipeline_mode(cfg) == "overlap", lm
+
+
+def test_core_sharing_gives_the_verifier_the_draft_threads_while_the_worker_is_idle(tokenizer):
+    """CoreSharing: between decoder layers, the verify pass runs on its own threads while the draft worker
+    drafts and on the draft's threads too while it is idle; other threads' passes (a self-draft on the
+    same model) are left alone, and closing removes the hooks."""
+    from types import SimpleNamespace
+
+    from conftest import make_model
+    from mirrorsd.runtime.pipeline import CoreSharing
+
+    model = make_model(tokenizer, seed=0)
+    seen: list[int] = []
+    probe = model.model.layers[-1].register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+    worker = SimpleNamespace(drafting=True)
+    before = torch.get_num_threads()
+    sharing = CoreSharing(model, worker, (1, 2))
+    ids = torch.tensor([[3, 4, 5]])
+    try:
+        with torch.inference_mode():
+            model(ids)
+            worker.drafting = False
+            model(ids)
+            own: list[int] = []
+
+            def other_pass():
+                torch.set_num_threads(1)
+                own.append(torch.get_num_threads())
+                with torch.inference_mode():
+                    model(ids)
+
+            other = threading.Thread(target=other_pass)
+            other.start()
+            other.join()
+        assert seen == [1, 3, own[0]]  # drafting: own threads; idle: both; another thread: untouched
+    finally:
+        sharing.close()
+        probe.remove()
+        torch.set_num_threads(before)
+    assert not sharing.handles and not model.model.layers[0]._forward_pre_hooks
