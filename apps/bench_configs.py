@@ -81,15 +81,16 @@ class BenchContext:
 
     @cached_property
     def export_drafter(self):
-        """The exported draft on ONNX Runtime's CPU provider (one session shared by its rows), with the
-        thread split the engine gives an export beside a CPU target."""
+        """The exported draft on the backend the placement policy picks for it (ONNX Runtime's CPU provider
+        on a machine without an NPU, Core ML for a Core ML export on a Mac), one instance shared by its
+        rows, with the thread split the engine gives a CPU-provider export beside a CPU target."""
         from mirrorsd.runtime.drafters.exported import drafter_from_export
         from mirrorsd.runtime.pipeline import CPU_DRAFT_THREADS
 
         if self.draft_export is None:
             return None
         threads = CPU_DRAFT_THREADS if self.engine.verifier.device.type == "cpu" else None
-        return drafter_from_export(self.draft_export, self.tokenizer, self.target_name, "cpu", threads)
+        return drafter_from_export(self.draft_export, self.tokenizer, self.target_name, None, threads)
 
     @cached_property
     def datastore(self):

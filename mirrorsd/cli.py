@@ -108,7 +108,7 @@ def bench(
                                                                   "where K adapts).")] = 8,
     dtype: Annotated[str, typer.Option(help="Model dtype for every configuration: float32 | bfloat16 | float16.")] = "float32",
     draft_export: Annotated[Optional[str], typer.Option(help="An export folder (`mirrorsd export`) for the "
-                                                             "exported-draft rows, run on ONNX Runtime's CPU provider.")] = None,
+                                                             "exported-draft rows, on the backend placement picks.")] = None,
     datastore: Annotated[str, typer.Option(help="Datastore for the retrieval rows: 'default' (this Python's stdlib), "
                                                 "a datastore folder, or 'none' to skip them.")] = "default",
     only: Annotated[Optional[list[str]], typer.Option(help="Run only this configuration (repeatable; "
