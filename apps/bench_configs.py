@@ -85,12 +85,12 @@ class BenchContext:
         on a machine without an NPU, Core ML for a Core ML export on a Mac), one instance shared by its
         rows, with the thread split the engine gives a CPU-provider export beside a CPU target."""
         from mirrorsd.runtime.drafters.exported import drafter_from_export
-        from mirrorsd.runtime.pipeline import CPU_DRAFT_THREADS
+        from mirrorsd.runtime.pipeline import cpu_draft_threads
 
         if self.draft_export is None:
             return None
-        threads = CPU_DRAFT_THREADS if self.engine.verifier.device.type == "cpu" else None
-        return drafter_from_export(self.draft_export, self.tokenizer, self.target_name, None, threads)
+        return drafter_from_export(self.draft_export, self.tokenizer, self.target_name, None,
+                                   cpu_draft_threads(self.engine.verifier.device))
 
     @cached_property
     def datastore(self):

@@ -13,9 +13,9 @@ from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Drafter
 from mirrorsd.errors import ConfigError, EngineClosedError, PromptError
 from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
-from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
 from mirrorsd.runtime.cpu_kernels import use_onednn_linear
-from mirrorsd.runtime.pipeline import CPU_DRAFT_THREADS, draft_on_cpu, overlap_threads, pipelined_decode
+from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
+from mirrorsd.runtime.pipeline import cpu_draft_threads, overlap_threads, pipelined_decode, shares_cpu
 from mirrorsd.runtime.speculative import speculative_decode
 from mirrorsd.runtime.timeline import Timeline
 from mirrorsd.runtime.torch_model import TorchCausalLM
@@ -75,7 +75,7 @@ class Engine:
         use_onednn_linear(model)
         drafter = _make_drafter(draft, tokenizer, target, draft_device or device,
                                 draft_dtype or dtype, progress, export_device=draft_device,
-                                export_threads=CPU_DRAFT_THREADS if dev.type == "cpu" else None)
+                                export_threads=cpu_draft_threads(dev))
         return cls(model, tokenizer, drafter, dev, name=target, fallback=fallback_for(drafter))
 
     # -- requests ---------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ class Engine:
         if self.drafter is None:
             return "sequential"
         if mode == "auto":  # overlap only where the draft computes beside the target, not on its cores
-            apart = not (self.verifier.device.type == "cpu" and draft_on_cpu(self.drafter))
+            apart = not shares_cpu(self.verifier.device, self.drafter)
             mode = "overlap" if hasattr(self.drafter, "propose_iter") and apart else "sequential"
         if mode == "branches" and not (self.verifier.supports_early_exit and cfg.branch_width > 0):
             mode = "overlap"

@@ -15,6 +15,7 @@ same kernels, so "lossless" keeps meaning what it did. `MIRRORSD_CPU_LINEAR=defa
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -35,8 +36,9 @@ class OneDNNLinear(torch.nn.Linear):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
+@functools.cache
 def onednn_linear_available() -> bool:
-    """oneDNN is built in, the op exists, and it agrees with F.linear on a small check."""
+    """oneDNN is built in, the op exists, and it agrees with F.linear on a small check (once per process)."""
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False
     try:

@@ -368,7 +368,7 @@ def pipelined_decode(
     # choice would depend on timing, a seeded sampling run keeps to the model (it must reproduce).
     choose = config.greedy or config.seed is None
     quick_acceptance = AcceptanceEstimate()  # the model-free drafter's, on the steps it served
-    if fallback is not None and (worker is None or choose):
+    if fallback is not None:
         fallback.start(config)
     epoch = 0
     look = _Lookahead([], [])
@@ -409,8 +409,6 @@ def pipelined_decode(
                             sharing.close()
                             sharing = None
                             torch.set_num_threads(saved_threads)
-                        if fallback is not None and not choose:
-                            fallback.start(config)
                 if worker is None and fallback is not None:
                     draft, failed = _propose_inline(fallback, committed, budget, verifier.vocab_size, timeline)
                     if failed:
@@ -457,7 +455,7 @@ def pipelined_decode(
                     worker.draft_queue.put(Rebase(epoch, tuple(committed), tuple(look.tokens), limit, n_accepted))
             else:
                 committed.extend(new_tokens)
-            if fallback is not None and (worker is None or choose):
+            if fallback is not None:
                 try:
                     fallback.accepted(committed, n_accepted)
                 except Exception as exc:
@@ -587,10 +585,20 @@ def draft_on_cpu(drafter: Drafter | None) -> bool:
     return lm.device.type == "cpu"
 
 
+def shares_cpu(verifier_device: torch.device, drafter: Drafter | None) -> bool:
+    """Whether target and draft would both compute on the CPU's cores."""
+    return verifier_device.type == "cpu" and draft_on_cpu(drafter)
+
+
+def cpu_draft_threads(verifier_device: torch.device) -> int | None:
+    """Intra-op threads for an export loaded for the CPU provider beside this verifier (None: all)."""
+    return CPU_DRAFT_THREADS if verifier_device.type == "cpu" else None
+
+
 def overlap_threads(verifier_device: torch.device, drafter: Drafter | None) -> tuple[int, int] | None:
-    """Split the CPU cores when both workers compute on it: one thread for a CPU draft model, the rest
-    for the verifier (one decoding thread per model was measured as fast as two on a 2-core laptop)."""
-    if verifier_device.type != "cpu" or not draft_on_cpu(drafter):
+    """Split the CPU cores when both workers compute on it: CPU_DRAFT_THREADS for the draft, the rest for
+    the verifier, which CoreSharing lends the draft's threads whenever the draft worker is idle."""
+    if not shares_cpu(verifier_device, drafter):
         return None
     cores = torch.get_num_threads()
     return (max(1, cores - CPU_DRAFT_THREADS), CPU_DRAFT_THREADS)
