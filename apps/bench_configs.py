@@ -33,7 +33,7 @@ from mirrorsd import Engine, GenerationConfig
 from mirrorsd.engine import fallback_for
 from mirrorsd.results import FinishEvent, GenerationStats
 from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
-from mirrorsd.runtime.torch_model import TorchCausalLM
+from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class BenchContext:
         on a machine without an NPU, Core ML for a Core ML export on a Mac), one instance shared by its
         rows, with the thread split the engine gives a CPU-provider export beside a CPU target."""
         from mirrorsd.runtime.drafters.exported import drafter_from_export
-        from mirrorsd.runtime.pipeline import cpu_draft_threads
+        from mirrorsd.runtime.decode.pipeline import cpu_draft_threads
 
         if self.draft_export is None:
             return None
@@ -94,7 +94,7 @@ class BenchContext:
 
     @cached_property
     def datastore(self):
-        from mirrorsd.runtime.datastore import Datastore, default_datastore
+        from mirrorsd.runtime.drafters.retrieval.datastore import Datastore, default_datastore
 
         spec = self.datastore_spec
         if spec is None or isinstance(spec, Datastore):

@@ -81,8 +81,8 @@ def run_draft_bench(draft: str = "qwen2.5-coder-0.5b", target: str = "qwen2.5-co
     from mirrorsd.exporters import export_draft, read_manifest
     from mirrorsd.models import load_model
     from mirrorsd.runtime.drafters.exported import exports_dir
-    from mirrorsd.runtime.onnx_model import OnnxCausalLM
-    from mirrorsd.runtime.torch_model import TorchCausalLM
+    from mirrorsd.runtime.backends.onnx_lm import OnnxCausalLM
+    from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 
     torch.set_num_threads(threads)
     cpu = torch.device("cpu")

@@ -10,7 +10,7 @@ Acceptance measured on synthetic data misleads; this measures it on the user's o
    takes), alpha by draft position and by position in the generated sequence, and the draft's cost ratio
    c (propose seconds per drafted token / target seconds per decode step);
 3. predict the speedup for every K from Leviathan's formula, sequential and overlapped
-   (mirrorsd.runtime.speedup), weighted by the share of steps that carry a draft at all (model-free
+   (mirrorsd.runtime.decode.speedup), weighted by the share of steps that carry a draft at all (model-free
    drafters often have nothing to propose), and take the best K;
 4. measure it: decode the same prompts end to end with each candidate at that K, interleaved with
    target-only runs, check the outputs token-equal, and recommend the drafter (and K) with the best
@@ -32,7 +32,7 @@ from mirrorsd.apps.bench import machine_info, versions
 from mirrorsd.apps.bench_configs import BenchContext, ours
 from mirrorsd.apps.prompt_suite import load_workload
 from mirrorsd.errors import ConfigError
-from mirrorsd.runtime.speedup import best_k, speedup
+from mirrorsd.runtime.decode.speedup import best_k, speedup
 
 BUCKET = 16  # tokens per bucket of alpha-by-sequence-position
 

@@ -2,7 +2,7 @@
 manifest.json and validation against PyTorch."""
 
 from mirrorsd.exporters.export import export_draft
-from mirrorsd.exporters.manifest import is_export, read_manifest
+from mirrorsd.export_format import is_export, read_manifest
 from mirrorsd.exporters.validate import validate_export
 
 __all__ = ["export_draft", "is_export", "read_manifest", "validate_export"]

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from mirrorsd.errors import ExportError
-from mirrorsd.exporters.decoder import MASK_MIN, model_dims
+from mirrorsd.export_format import MASK_MIN
+from mirrorsd.exporters.decoder import model_dims
 
 PACKAGE = "draft.mlpackage"
 COMPUTE_UNITS = "CPU_AND_NE"

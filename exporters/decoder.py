@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-MASK_MIN = -30000.0  # additive mask value: exp() underflows to 0, and it still fits in float16
+
 
 SUPPORTED = ("llama", "qwen2")
 
@@ -86,22 +86,3 @@ class ExplicitCacheDecoder(nn.Module):
         return (logits, *new_kv)
 
 
-def io_names(layers: int) -> tuple[list[str], list[str]]:
-    past = [f"past_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
-    new = [f"new_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
-    return ["input_ids", "position_ids", "attention_mask", *past], ["logits", *new]
-
-
-def block_mask(pointer: int, past_len: int, t: int, n_real: int | None = None):
-    """Additive mask [1, 1, t, past_len + t] for a block whose first token sits at position
-    `pointer`: past slots below the pointer are visible, the block is causal, and padding rows
-    (beyond n_real) see only themselves so their softmax stays finite."""
-    import numpy as np
-
-    n_real = t if n_real is None else n_real
-    mask = np.full((1, 1, t, past_len + t), MASK_MIN, dtype=np.float32)
-    mask[..., :pointer] = 0.0
-    causal = np.tril(np.ones((t, t), dtype=bool))
-    causal[n_real:, :] = np.eye(t, dtype=bool)[n_real:, :]
-    mask[0, 0, :, past_len:][causal] = 0.0
-    return mask

@@ -63,8 +63,9 @@ def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str = "npu"
     """
     _check_options(fmt, profile, precision, quant, max_context, prefill_chunk)
     from mirrorsd.exporters.decoder import check_supported, model_dims
-    from mirrorsd.exporters.manifest import MANIFEST, tool_versions, write_manifest
-    from mirrorsd.runtime.datastore import tokenizer_fingerprint
+    from mirrorsd.export_format import MANIFEST
+    from mirrorsd.exporters.manifest import tool_versions, write_manifest
+    from mirrorsd.tokenizer_check import tokenizer_fingerprint
 
     spec = model if isinstance(model, str) else None
     if spec is not None:
@@ -131,7 +132,7 @@ def _quant_form(fmt: str, profile: str, quant: str) -> str:
 
 def _onnx_io(dims: dict, graphs: dict, profile: str, max_context: int) -> dict:
     """Input/output names and shapes of each graph ("T"/"P" mark dynamic axes)."""
-    from mirrorsd.exporters.decoder import io_names
+    from mirrorsd.export_format import io_names
     from mirrorsd.exporters.manifest import io_spec
 
     inputs, outputs = io_names(dims["layers"])

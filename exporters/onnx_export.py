@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from mirrorsd.exporters.decoder import ExplicitCacheDecoder, block_mask, io_names
+from mirrorsd.export_format import block_mask, io_names
+from mirrorsd.exporters.decoder import ExplicitCacheDecoder
 
 OPSET = 18
 
@@ -149,7 +150,7 @@ def export_onnx_graphs(model, out: Path, profile: str, max_context: int, prefill
         export_graph(decoder, raw / f"{name}.onnx", block, max_context if profile == "npu" else None)
     calibration = None
     if quant == "int8" and profile == "npu":
-        from mirrorsd.runtime.onnx_model import calibration_feeds
+        from mirrorsd.runtime.backends.onnx_lm import calibration_feeds
 
         calibration = calibration_feeds(raw, blocks, max_context, decoder.dims, calibration_prompts)
     for name, block in blocks.items():

@@ -47,7 +47,7 @@ def validate_export(folder: str | Path, model=None, tokenizer=None, target=None,
                     continuation: int = CONTINUATION) -> dict:
     """Compare an export with its PyTorch model; returns the report (report["passed"] says it all)."""
     from mirrorsd.exporters.export import PROMPTS
-    from mirrorsd.exporters.manifest import read_manifest
+    from mirrorsd.export_format import read_manifest
 
     folder = Path(folder)
     manifest = read_manifest(folder)
@@ -95,11 +95,11 @@ def validate_export(folder: str | Path, model=None, tokenizer=None, target=None,
 
 def _load_lm(folder: Path, manifest: dict, provider: str):
     if manifest["format"] == "coreml":
-        from mirrorsd.runtime.coreml_model import CoreMLCausalLM
+        from mirrorsd.runtime.backends.coreml_lm import CoreMLCausalLM
 
         return CoreMLCausalLM(folder, manifest)
     from mirrorsd.devices.providers import provider_name
-    from mirrorsd.runtime.onnx_model import OnnxCausalLM
+    from mirrorsd.runtime.backends.onnx_lm import OnnxCausalLM
 
     return OnnxCausalLM(folder, manifest, provider_name(provider))
 

@@ -164,7 +164,7 @@ def devices(
     """What this machine has, and what would run where, and why."""
     from mirrorsd.devices import discover, place
     from mirrorsd.devices.placement import ExportInfo, npu_backends
-    from mirrorsd.exporters.manifest import read_manifest
+    from mirrorsd.export_format import read_manifest
     from mirrorsd.runtime.drafters.exported import exports_dir
 
     inv = discover()
@@ -223,7 +223,7 @@ def export_cmd(
 
             from mirrorsd.models import load_model
 
-            from mirrorsd.exporters.manifest import check_tokenizer, read_manifest
+            from mirrorsd.export_format import check_tokenizer, read_manifest
 
             target_model, target_tok = load_model(target, torch.device("cpu"), torch.float32, progress=True)
             check_tokenizer(read_manifest(validate), target_tok, target, validate)
@@ -348,7 +348,7 @@ def datastore_build(
     """Build a datastore; use it with `mirrorsd generate --draft chain:DIR` (or retrieval:DIR)."""
     import time
 
-    from mirrorsd.runtime.datastore import build_datastore
+    from mirrorsd.runtime.drafters.retrieval.datastore import build_datastore
 
     t0 = time.perf_counter()
     store = build_datastore(paths, _load_tokenizer(tokenizer), out, segment_tokens=segment_tokens, progress=True,
@@ -360,7 +360,7 @@ def datastore_build(
 @datastore_app.command("info")
 def datastore_info(path: Annotated[str, typer.Argument(help="A datastore folder.")]) -> None:
     """Say what a datastore holds (and check that it opens)."""
-    from mirrorsd.runtime.datastore import Datastore
+    from mirrorsd.runtime.drafters.retrieval.datastore import Datastore
 
     store = Datastore.open(path)
     h = store.header

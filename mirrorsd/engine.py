@@ -13,12 +13,12 @@ from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Drafter
 from mirrorsd.errors import ConfigError, EngineClosedError, PromptError
 from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
-from mirrorsd.runtime.cpu_kernels import use_onednn_linear
+from mirrorsd.runtime.backends.cpu_kernels import use_onednn_linear
 from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
-from mirrorsd.runtime.pipeline import cpu_draft_threads, overlap_threads, pipelined_decode, shares_cpu
-from mirrorsd.runtime.speculative import speculative_decode
+from mirrorsd.runtime.decode.pipeline import cpu_draft_threads, overlap_threads, pipelined_decode, shares_cpu
+from mirrorsd.runtime.decode.sequential import speculative_decode
 from mirrorsd.runtime.timeline import Timeline
-from mirrorsd.runtime.torch_model import TorchCausalLM
+from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.tokenizer_check import check_tokenizers_match
 
 log = logging.getLogger("mirrorsd")
@@ -262,13 +262,13 @@ def _make_drafter(draft, target_tokenizer, target_name: str, device, dtype, prog
         if exported is not None:
             return exported
     if kind in ("auto", "chain", "retrieval") and (kind != "auto" or not where):
-        from mirrorsd.runtime.datastore import Datastore, default_datastore
+        from mirrorsd.runtime.drafters.retrieval.datastore import Datastore, default_datastore
 
         store = (Datastore.open(where, target_tokenizer) if where
                  else default_datastore(target_tokenizer, progress=progress, tokenizer_name=target_name))
         retrieval = RetrievalDrafter(store, learn=bool(where))
         return retrieval if kind == "retrieval" else ChainDrafter(NGramDrafter(), retrieval)
-    from mirrorsd.exporters.manifest import is_export
+    from mirrorsd.export_format import is_export
 
     if is_export(draft):
         from mirrorsd.runtime.drafters.exported import drafter_from_export

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from mirrorsd.errors import TokenizerMismatchError
 
 
@@ -28,3 +31,19 @@ def check_tokenizers_match(target_tok, draft_tok, target_name: str = "target", d
             "pick a draft from the target's model family (same tokenizer), e.g. qwen2.5-coder-0.5b for "
             "qwen2.5-coder-1.5b, or use a model-free drafter (--draft ngram)",
         )
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """SHA-256 over the vocabulary and special token ids: equal fingerprints, equal token ids.
+    (Computed once per tokenizer object: hashing a 150k vocabulary takes a few hundred ms.)"""
+    cached = getattr(tokenizer, "_mirrorsd_fingerprint", None)
+    if cached is None:
+        vocab = sorted(tokenizer.get_vocab().items())
+        special = [getattr(tokenizer, a, None) for a in ("eos_token_id", "bos_token_id", "pad_token_id",
+                                                         "unk_token_id")]
+        cached = hashlib.sha256(json.dumps([vocab, special], ensure_ascii=False).encode()).hexdigest()
+        try:
+            tokenizer._mirrorsd_fingerprint = cached
+        except AttributeError:
+            pass
+    return cached

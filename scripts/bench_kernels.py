@@ -18,8 +18,8 @@ import torch
 
 from mirrorsd.devices import resolve_device
 from mirrorsd.models import load_model
-from mirrorsd.runtime.cpu_kernels import use_onednn_linear
-from mirrorsd.runtime.torch_model import TorchCausalLM
+from mirrorsd.runtime.backends.cpu_kernels import use_onednn_linear
+from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 
 
 def pass_seconds(lm: TorchCausalLM, k: int, repeats: int = 3) -> float:

@@ -15,7 +15,7 @@ from mirrorsd.apps.bench_configs import CONFIGS, BenchConfig, ours
 from mirrorsd.apps.prompt_suite import CATEGORIES, bundled_suite, load_workload
 from mirrorsd.errors import PromptError
 from mirrorsd.exporters import export_draft
-from mirrorsd.runtime.datastore import build_datastore
+from mirrorsd.runtime.drafters.retrieval.datastore import build_datastore
 
 BROKEN = "history-corrupting drafter (broken on purpose)"
 

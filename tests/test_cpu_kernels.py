@@ -9,9 +9,9 @@ import torch
 
 from conftest import make_model
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.runtime.cpu_kernels import ENV, OneDNNLinear, onednn_linear_available, use_onednn_linear
+from mirrorsd.runtime.backends.cpu_kernels import ENV, OneDNNLinear, onednn_linear_available, use_onednn_linear
 from mirrorsd.runtime.drafters import NGramDrafter, TorchDraftModel
-from mirrorsd.runtime.torch_model import TorchCausalLM
+from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from test_engine_greedy import PROMPTS
 
 pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no usable oneDNN")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mirrorsd.errors import DatastoreError
-from mirrorsd.runtime.datastore import HEADER, Datastore, _write_segment, build_datastore
+from mirrorsd.runtime.drafters.retrieval.datastore import HEADER, Datastore, _write_segment, build_datastore
 from conftest import make_tokenizer
 
 CODE = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"

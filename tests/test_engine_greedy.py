@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from mirrorsd import Engine, FinishEvent, GenerationConfig, TokenEvent
-from mirrorsd.runtime.datastore import Datastore
+from mirrorsd.runtime.drafters.retrieval.datastore import Datastore
 from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
-from mirrorsd.runtime.torch_model import TorchCausalLM
+from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from drafters_for_tests import FailingDrafter, RandomTokenDrafter
 
 PROMPTS = ["def quicksort(arr):\n", "The quick brown fox", "import numpy as np\nfor i in range(10):"]

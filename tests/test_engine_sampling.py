@@ -10,7 +10,7 @@ from scipy.stats import chisquare
 
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.runtime.drafters import NGramDrafter, TorchDraftModel
-from mirrorsd.runtime.torch_model import TorchCausalLM
+from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 
 PROMPT = "The quick brown fox"
 

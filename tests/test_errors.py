@@ -6,7 +6,7 @@ import pytest
 
 from mirrorsd import (ConfigError, Engine, GenerationConfig, MirrorsdError, ModelNotFoundError, PromptError,
                       RollbackUnsupportedError, TokenizerMismatchError)
-from mirrorsd.runtime.torch_model import TorchCausalLM
+from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.tokenizer_check import check_tokenizers_match
 from conftest import make_model, make_tokenizer
 

@@ -64,7 +64,7 @@ def test_int4_per_block_weights(tmp_path, tokenizer):
 def test_off_macos_validation_checks_the_spec_and_says_numerics_were_skipped(coreml_export):
     report = validate_export(coreml_export)
     assert report["passed"] and report["numerics"].startswith("skipped: Core ML runs predictions only on macOS")
-    from mirrorsd.runtime.coreml_model import CoreMLCausalLM
+    from mirrorsd.runtime.backends.coreml_lm import CoreMLCausalLM
 
     with pytest.raises(ProviderError, match="only on macOS"):
         CoreMLCausalLM(coreml_export, read_manifest(coreml_export))

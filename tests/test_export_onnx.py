@@ -17,7 +17,7 @@ from mirrorsd import Engine, GenerationConfig
 from mirrorsd.errors import ConfigError, ExportError, ProviderError, TokenizerMismatchError
 from mirrorsd.exporters import export_draft, read_manifest, validate_export
 from mirrorsd.runtime.drafters.exported import drafter_from_export
-from mirrorsd.runtime.onnx_model import OnnxCausalLM
+from mirrorsd.runtime.backends.onnx_lm import OnnxCausalLM
 
 PROMPT = "def quicksort(arr):\n    if len(arr) <= 1:"
 
@@ -247,7 +247,7 @@ def test_an_export_on_the_cpu_provider_shares_the_cores_with_a_cpu_target(export
     from types import SimpleNamespace
 
     from mirrorsd.runtime.drafters import TorchDraftModel
-    from mirrorsd.runtime.pipeline import CPU_DRAFT_THREADS, draft_on_cpu, overlap_threads
+    from mirrorsd.runtime.decode.pipeline import CPU_DRAFT_THREADS, draft_on_cpu, overlap_threads
 
     engine = Engine.load(target=str(tiny_folder), draft=str(exports["self-dynamic"]), device="cpu")
     drafter = engine.drafter

@@ -7,7 +7,7 @@ import torch
 
 from mirrorsd import Engine, GenerationConfig, catalog
 from mirrorsd.runtime.drafters import NGramDrafter, TorchDraftModel
-from mirrorsd.runtime.torch_model import TorchCausalLM
+from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from drafters_for_tests import RandomTokenDrafter
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ import torch
 from mirrorsd import Engine, FinishEvent, GenerationConfig
 from mirrorsd.errors import ConfigError
 from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
-from mirrorsd.runtime.torch_model import TorchCausalLM
+from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from drafters_for_tests import FailingDrafter, RandomTokenDrafter
 from test_engine_greedy import PROMPTS, datastore, hf_greedy  # noqa: F401 (datastore: a fixture)
 
@@ -315,7 +315,7 @@ def test_core_sharing_gives_the_verifier_the_draft_threads_while_the_worker_is_i
     from types import SimpleNamespace
 
     from conftest import make_model
-    from mirrorsd.runtime.pipeline import CoreSharing
+    from mirrorsd.runtime.decode.pipeline import CoreSharing
 
     model = make_model(tokenizer, seed=0)
     seen: list[int] = []

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mirrorsd.runtime.suffix_array import SEPARATOR, build_suffix_array, find_range, likeliest_path
+from mirrorsd.runtime.drafters.continuation import SEPARATOR, likeliest_path
+from mirrorsd.runtime.drafters.retrieval.suffix_array import build_suffix_array, find_range
 
 
 @pytest.mark.parametrize("n,vocab", [(0, 2), (1, 3), (2, 2), (57, 2), (400, 3), (1500, 40)])

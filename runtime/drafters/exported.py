@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from mirrorsd.exporters.manifest import MANIFEST, check_tokenizer, read_manifest
+from mirrorsd.export_format import MANIFEST, check_tokenizer, read_manifest
 from mirrorsd.runtime.drafters.model import TorchDraftModel
 
 log = logging.getLogger("mirrorsd")
@@ -31,7 +31,7 @@ def exports_dir() -> Path:
 def find_exports(target_tokenizer, folder: Path | None = None) -> list[tuple[Path, dict]]:
     """Exports under `folder` (default exports_dir()) made for the target's tokenizer."""
     from mirrorsd.errors import MirrorsdError
-    from mirrorsd.runtime.datastore import tokenizer_fingerprint
+    from mirrorsd.tokenizer_check import tokenizer_fingerprint
 
     folder = folder or exports_dir()
     if not folder.is_dir():
@@ -52,10 +52,10 @@ def find_exports(target_tokenizer, folder: Path | None = None) -> list[tuple[Pat
 def load_export_lm(path: str | Path, manifest: dict, backend: str, threads: int | None = None):
     """The export as an LM on `backend` ("coreml" or an ONNX Runtime provider name)."""
     if manifest["format"] == "coreml":
-        from mirrorsd.runtime.coreml_model import CoreMLCausalLM
+        from mirrorsd.runtime.backends.coreml_lm import CoreMLCausalLM
 
         return CoreMLCausalLM(path, manifest)
-    from mirrorsd.runtime.onnx_model import OnnxCausalLM
+    from mirrorsd.runtime.backends.onnx_lm import OnnxCausalLM
 
     return OnnxCausalLM(path, manifest, backend, threads=threads)
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Draft
-from mirrorsd.runtime.torch_model import TorchCausalLM
+from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.sampling import next_token_scores, sample_categorical
 
 

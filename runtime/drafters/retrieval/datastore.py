@@ -18,7 +18,6 @@ segments pile up they are merged into one, by the same write-then-swap-the-heade
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -28,8 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from mirrorsd.errors import DatastoreError
-from mirrorsd.runtime.suffix_array import (SEPARATOR, build_suffix_array, continuation_matrix, find_range,
-                                           likeliest_path)
+from mirrorsd.tokenizer_check import tokenizer_fingerprint
+from mirrorsd.runtime.drafters.continuation import SEPARATOR, continuation_matrix, likeliest_path
+from mirrorsd.runtime.drafters.retrieval.suffix_array import build_suffix_array, find_range
 
 FORMAT = "mirrorsd-datastore"
 VERSION = 1
@@ -37,22 +37,6 @@ HEADER = "datastore.json"
 TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".json", ".js", ".ts", ".c", ".h", ".cpp", ".rs", ".go", ".java",
                  ".toml", ".yaml", ".yml", ".html", ".css", ".sh", ".sql"}
 MAX_APPENDED_SEGMENTS = 8
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """SHA-256 over the vocabulary and special token ids: equal fingerprints, equal token ids.
-    (Computed once per tokenizer object: hashing a 150k vocabulary takes a few hundred ms.)"""
-    cached = getattr(tokenizer, "_mirrorsd_fingerprint", None)
-    if cached is None:
-        vocab = sorted(tokenizer.get_vocab().items())
-        special = [getattr(tokenizer, a, None) for a in ("eos_token_id", "bos_token_id", "pad_token_id",
-                                                         "unk_token_id")]
-        cached = hashlib.sha256(json.dumps([vocab, special], ensure_ascii=False).encode()).hexdigest()
-        try:
-            tokenizer._mirrorsd_fingerprint = cached
-        except AttributeError:
-            pass
-    return cached
 
 
 @dataclass(frozen=True)
@@ -90,7 +74,7 @@ class Datastore:
             raise DatastoreError(
                 f"{path} was built for another tokenizer ({header.get('tokenizer_name')!r}); its token ids "
                 "mean nothing to this model",
-                f"build a datastore with this model's tokenizer: `mirrorsd datastore build ... --tokenizer MODEL`",
+                "build a datastore with this model's tokenizer: `mirrorsd datastore build ... --tokenizer MODEL`",
             )
         segments = []
         for seg in header["segments"]:

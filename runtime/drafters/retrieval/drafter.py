@@ -1,6 +1,6 @@
 """Retrieval drafter (REST-style): continue the context with what followed it in a datastore.
 
-The datastore (mirrorsd.runtime.datastore) holds token sequences from a corpus: the stdlib by default,
+The datastore (mirrorsd.runtime.drafters.retrieval.datastore) holds token sequences from a corpus: the stdlib by default,
 or the user's code, documents and past conversations. With `learn=True`, each finished request's
 generated text is appended (SuffixDecoding-style), so repeated work speeds up over a session.
 """
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Draft
-from mirrorsd.runtime.datastore import Datastore
-from mirrorsd.runtime.drafters.ngram import draft_length_for_match
+from mirrorsd.runtime.drafters.retrieval.datastore import Datastore
+from mirrorsd.runtime.drafters.continuation import draft_length_for_match
 
 
 class RetrievalDrafter:

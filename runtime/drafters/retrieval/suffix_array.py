@@ -1,7 +1,5 @@
-"""Suffix arrays over token ids, and picking the likeliest continuation of a match.
-
-Used by the retrieval drafter (a suffix array per datastore segment, memory-mapped) and the n-gram
-drafter (the continuation ranking). Why a suffix array and not a suffix automaton: it is two flat
+"""Suffix arrays over token ids: a datastore segment's index (the retrieval drafter memory-maps one per
+segment). Why a suffix array and not a suffix automaton: it is two flat
 int32 arrays (tokens, suffix order) that numpy builds with prefix doubling and that memory-map as they
 are, so a datastore opens in milliseconds without loading; an automaton is a pointer graph that would
 have to be serialized and loaded. Lookups are binary searches: O(m log N) token comparisons.
@@ -13,7 +11,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-SEPARATOR = -1  # between documents: never matched, ends every continuation
 
 
 def build_suffix_array(tokens: np.ndarray) -> np.ndarray:
@@ -68,35 +65,3 @@ def find_range(tokens: np.ndarray, sa: np.ndarray, pattern: Sequence[int]) -> tu
         else:
             hi = mid
     return start, lo
-
-
-def continuation_matrix(tokens: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
-    """[len(starts), length] tokens following each start; SEPARATOR past a document or array end."""
-    idx = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length)  # [n, length]
-    inside = idx < len(tokens)
-    out = np.full(idx.shape, SEPARATOR, dtype=np.int64)
-    out[inside] = tokens[idx[inside]]
-    ended = np.cumsum(out == SEPARATOR, axis=1) > 0  # nothing after a separator counts
-    out[ended] = SEPARATOR
-    return out
-
-
-def likeliest_path(cont: np.ndarray, min_share: float = 0.0, min_support: int = 1) -> tuple[list[int], int]:
-    """Greedy most-frequent path through continuations [n, L] (rows in order of recency: later rows
-    win ties). Stops at a separator, when the chosen token's share of the surviving rows falls below
-    min_share, or when fewer than min_support rows agree. Returns (tokens, support = rows that agree
-    with the whole path)."""
-    alive = np.arange(cont.shape[0])
-    path: list[int] = []
-    for d in range(cont.shape[1]):
-        col = cont[alive, d]
-        values, inverse, counts = np.unique(col, return_inverse=True, return_counts=True)
-        last_row = np.zeros(len(values), dtype=np.int64)
-        np.maximum.at(last_row, inverse, alive)
-        best = int(np.lexsort((last_row, counts))[-1])  # most frequent, then most recent
-        token = int(values[best])
-        if token == SEPARATOR or counts[best] < max(min_share * len(alive), min_support):
-            break
-        path.append(token)
-        alive = alive[col == token]
-    return path, len(alive)

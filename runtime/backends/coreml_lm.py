@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from mirrorsd.errors import ExportError, ProviderError
-from mirrorsd.exporters.decoder import MASK_MIN
-from mirrorsd.runtime.host_cache import HostCacheLM
+from mirrorsd.export_format import MASK_MIN
+from mirrorsd.runtime.backends.base import HostCacheLM
 
 
 class CoreMLCausalLM(HostCacheLM):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.runtime.speedup import speedup
+from mirrorsd.runtime.decode.speedup import speedup
 
 
 class DraftLengthSchedule:

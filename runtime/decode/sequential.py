@@ -18,7 +18,7 @@ import numpy as np
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Draft, Drafter, Verifier
-from mirrorsd.runtime.schedule import SpeculationGate, make_schedule
+from mirrorsd.runtime.decode.schedule import SpeculationGate, make_schedule
 from mirrorsd.runtime.timeline import DRAFT, VERIFY, Timeline
 from mirrorsd.verify import verify
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from mirrorsd.errors import PromptError
-from mirrorsd.runtime.torch_model import common_prefix
+from mirrorsd.runtime.backends.torch_lm import common_prefix
 
 
 class HostCacheLM:

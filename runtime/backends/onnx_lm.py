@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from mirrorsd.errors import ExportError, ProviderError
-from mirrorsd.exporters.decoder import block_mask, io_names
-from mirrorsd.runtime.host_cache import HostCacheLM
+from mirrorsd.export_format import block_mask, io_names
+from mirrorsd.runtime.backends.base import HostCacheLM
 
 PREFILL_MIN = 4  # missing tokens from which a padded prefill chunk beats that many decode steps
 

@@ -44,11 +44,11 @@ import torch
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Draft, Drafter
-from mirrorsd.runtime.schedule import AcceptanceEstimate, SpeculationGate, make_schedule
-from mirrorsd.runtime.speculative import Step, _check_draft, _drop
-from mirrorsd.runtime.speedup import expected_tokens_per_step
+from mirrorsd.runtime.decode.schedule import AcceptanceEstimate, SpeculationGate, make_schedule
+from mirrorsd.runtime.decode.sequential import Step, _check_draft, _drop
+from mirrorsd.runtime.decode.speedup import expected_tokens_per_step
 from mirrorsd.runtime.timeline import DRAFT, VERIFY, Timeline
-from mirrorsd.runtime.torch_model import TorchCausalLM
+from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.verify import verify
 
 log = logging.getLogger("mirrorsd")

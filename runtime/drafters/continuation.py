@@ -1,0 +1,51 @@
+"""Following earlier occurrences of a match: what the n-gram and retrieval drafters share.
+
+Both find places where the current suffix occurred before (in the request, or in a datastore), read
+what followed each (a continuation matrix), walk the likeliest path through those continuations, and
+draft further the longer the match.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SEPARATOR = -1  # between documents: never matched, ends every continuation
+
+
+def draft_length_for_match(match_length: int, max_tokens: int) -> int:
+    """Longer matches predict further: a 1-token match drafts up to 4 tokens, 2 -> 6, 3+ -> all of K.
+    (Chosen by replaying qwen2.5-coder-1.5b's greedy HumanEval answers through the drafters with the
+    adaptive K schedule: capping 3+-token matches too cost 4% of simulated throughput, no cap at all 2%.)"""
+    return max_tokens if match_length >= 3 else min(max_tokens, 2 * match_length + 2)
+
+
+def continuation_matrix(tokens: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+    """[len(starts), length] tokens following each start; SEPARATOR past a document or array end."""
+    idx = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length)  # [n, length]
+    inside = idx < len(tokens)
+    out = np.full(idx.shape, SEPARATOR, dtype=np.int64)
+    out[inside] = tokens[idx[inside]]
+    ended = np.cumsum(out == SEPARATOR, axis=1) > 0  # nothing after a separator counts
+    out[ended] = SEPARATOR
+    return out
+
+
+def likeliest_path(cont: np.ndarray, min_share: float = 0.0, min_support: int = 1) -> tuple[list[int], int]:
+    """Greedy most-frequent path through continuations [n, L] (rows in order of recency: later rows
+    win ties). Stops at a separator, when the chosen token's share of the surviving rows falls below
+    min_share, or when fewer than min_support rows agree. Returns (tokens, support = rows that agree
+    with the whole path)."""
+    alive = np.arange(cont.shape[0])
+    path: list[int] = []
+    for d in range(cont.shape[1]):
+        col = cont[alive, d]
+        values, inverse, counts = np.unique(col, return_inverse=True, return_counts=True)
+        last_row = np.zeros(len(values), dtype=np.int64)
+        np.maximum.at(last_row, inverse, alive)
+        best = int(np.lexsort((last_row, counts))[-1])  # most frequent, then most recent
+        token = int(values[best])
+        if token == SEPARATOR or counts[best] < max(min_share * len(alive), min_support):
+            break
+        path.append(token)
+        alive = alive[col == token]
+    return path, len(alive)
