@@ -67,11 +67,15 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
         console.print(f"loading {opts.target}" + (f" and {opts.draft_model}" if opts.draft_model else ""))
         engine = Engine.load(target=opts.target, draft="none", dtype=opts.dtype, progress=True)
         if opts.draft_model:
-            draft_engine = Engine.load(target=opts.draft_model, draft="none", dtype=opts.dtype, progress=True)
+            from mirrorsd.devices import parse_dtype, resolve_device
+            from mirrorsd.models import load_model
+            from mirrorsd.runtime.backends.cpu_kernels import use_onednn_linear
             from mirrorsd.tokenizer_check import check_tokenizers_match
 
-            check_tokenizers_match(engine.tokenizer, draft_engine.tokenizer, opts.target, opts.draft_model)
-            draft_lm = draft_engine.verifier.model
+            device = resolve_device("auto")  # the device Engine.load put the target on
+            draft_lm, draft_tokenizer = load_model(opts.draft_model, device, parse_dtype(opts.dtype, device), True)
+            use_onednn_linear(draft_lm)
+            check_tokenizers_match(engine.tokenizer, draft_tokenizer, opts.target, opts.draft_model)
     ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model if draft_lm is not None else None, datastore,
                        opts.draft_export)
     prompts = load_workload(opts.prompts_file) if opts.prompts_file else bundled_suite(opts.per_category)

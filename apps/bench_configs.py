@@ -12,38 +12,25 @@ few lines::
 
     register(BenchConfig("ONNX draft (ours)", lambda ctx: ours(ctx, make_onnx_drafter(ctx))))
 
-`ours(ctx, drafter, **overrides)` runs our Engine with GenerationConfig overrides (the pipeline rows
-pass pipeline="overlap" / "branches"); it reads the request's draft and verify spans from the engine's
-own timeline, so an overlapped schedule shows as overlapped in the timeline plot.
+`ours(ctx, drafter, **overrides)` runs our Engine (the loaded target, `Engine.with_drafter`) with
+GenerationConfig overrides (the pipeline rows pass pipeline="overlap" / "branches"); it keeps the
+request's draft and verify spans (`GenerationResult.spans`), so an overlapped schedule shows as
+overlapped in the timeline plot.
 """
 
 from __future__ import annotations
 
-import json
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from pathlib import Path
 
 import torch
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.engine import fallback_for
-from mirrorsd.results import FinishEvent, GenerationStats
-from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
+from mirrorsd.results import FinishEvent, GenerationStats, Span
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
-
-
-@dataclass(frozen=True)
-class Span:
-    """A stretch of work on one lane of one request, seconds from the request's start."""
-
-    start: float
-    seconds: float
-    drafted: int = 0  # verify spans: draft tokens verified
-    accepted: int | None = None  # verify spans: of those, accepted (None where the runtime did not say)
+from mirrorsd.runtime.drafters import ChainDrafter, ModelDrafter, NGramDrafter, RetrievalDrafter
 
 
 @dataclass
@@ -84,13 +71,13 @@ class BenchContext:
         """The exported draft on the backend the placement policy picks for it (ONNX Runtime's CPU provider
         on a machine without an NPU, Core ML for a Core ML export on a Mac), one instance shared by its
         rows, with the thread split the engine gives a CPU-provider export beside a CPU target."""
+        from mirrorsd.runtime.decode.threads import cpu_draft_threads
         from mirrorsd.runtime.drafters.exported import drafter_from_export
-        from mirrorsd.runtime.decode.pipeline import cpu_draft_threads
 
         if self.draft_export is None:
             return None
         return drafter_from_export(self.draft_export, self.tokenizer, self.target_name, None,
-                                   cpu_draft_threads(self.engine.verifier.device))
+                                   cpu_draft_threads(self.engine.verifier.computes_on))
 
     @cached_property
     def datastore(self):
@@ -131,27 +118,21 @@ def register(config: BenchConfig, after: str | None = None) -> BenchConfig:
 
 def ours(ctx: BenchContext, drafter, **config: object) -> Runner:
     """A runner for our runtime with `drafter` (None: target-only) and GenerationConfig overrides
-    (e.g. pipeline="overlap"), timing every token; the draft/verify spans come from the engine's own
-    timeline of the request (its Chrome trace), so overlapped work shows as overlapped."""
+    (e.g. pipeline="overlap"), timing every token; the draft/verify spans are the request's own
+    (GenerationResult.spans), so overlapped work shows as overlapped."""
 
     def run(ids: list[int], cfg: GenerationConfig) -> Output:
-        engine = ctx.engine
-        engine.drafter, engine.fallback = drafter, fallback_for(drafter)  # as Engine.load pairs them
+        engine = ctx.engine.with_drafter(drafter)  # paired with a fallback as Engine.load pairs them
         out = Output([])
-        with tempfile.TemporaryDirectory(prefix="mirrorsd-bench-") as tmp:
-            trace = Path(tmp) / "trace.json"
-            start = time.perf_counter()
-            for event in engine.stream(ids, replace(cfg, **config), trace=str(trace)):
-                if isinstance(event, FinishEvent):
-                    out.stats = event.result.stats
-                    break
-                out.tokens.append(event.token_id)
-                out.token_times.append(time.perf_counter() - start)
-            for e in json.loads(trace.read_text())["traceEvents"]:
-                if e.get("ph") != "X":
-                    continue
-                span = Span(e["ts"] / 1e6, e["dur"] / 1e6, e["args"].get("k", 0), e["args"].get("accepted"))
-                (out.draft_spans if e["cat"] == "draft" else out.verify_spans).append(span)
+        start = time.perf_counter()
+        for event in engine.stream(ids, replace(cfg, **config)):
+            if isinstance(event, FinishEvent):
+                out.stats = event.result.stats
+                out.draft_spans = [s for s in event.result.spans if s.lane == "draft"]
+                out.verify_spans = [s for s in event.result.spans if s.lane == "verify"]
+                break
+            out.tokens.append(event.token_id)
+            out.token_times.append(time.perf_counter() - start)
         return out
 
     return run
@@ -197,8 +178,8 @@ def transformers_generate(ctx: BenchContext, **kw) -> Runner:
     return run
 
 
-def _draft_model(ctx: BenchContext) -> TorchDraftModel | None:
-    return TorchDraftModel(TorchCausalLM(ctx.draft_lm)) if ctx.draft_lm is not None else None
+def _draft_model(ctx: BenchContext) -> ModelDrafter | None:
+    return ModelDrafter(TorchCausalLM(ctx.draft_lm)) if ctx.draft_lm is not None else None
 
 
 def _with_store(make):

@@ -133,11 +133,10 @@ def stats_line(stats: dict) -> str:
 
 
 def engine_summary(engine) -> str:
-    """Which model and devices serve: the target's device and the drafter (its name carries the
-    device for model drafters, e.g. torch:cpu; n-gram and retrieval run on the host CPU)."""
-    drafter = engine.drafter
-    draft = "none" if drafter is None else str(getattr(drafter, "name", type(drafter).__name__))
-    return f"{engine.name} on {engine.verifier.device} · draft {draft}"
+    """Which model and backends serve: the target's backend and device (e.g. torch:cpu) and the drafter
+    (its name carries the backend for model drafters; n-gram and retrieval run on the host CPU)."""
+    draft = "none" if engine.drafter is None else engine.drafter.name
+    return f"{engine.name} on {engine.verifier.backend} · draft {draft}"
 
 
 def with_settings(session: ChatSession, **changes) -> None:

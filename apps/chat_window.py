@@ -81,7 +81,8 @@ class ChatWindow(QMainWindow):
         self._sent_text = ""
         self.last_turn: Turn | None = None
         if engine is not None:  # the boxes show what is loaded
-            target, draft = engine.name, str(getattr(engine.drafter, "name", "none")).split("(")[0]  # chain(...) -> chain
+            draft = "none" if engine.drafter is None else engine.drafter.name.split("(")[0]  # chain(...) -> chain
+            target = engine.name
         self._build(target, draft)
         if engine is not None:
             self._on_loaded(engine)

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import torch
 
+from mirrorsd.runtime.drafters.model import ModelDrafter
+from mirrorsd.runtime.replay import AcceptanceCounts, greedy_continuation, replay_acceptance
+
 GOAL_SPEEDUP, GOAL_POINTS = 2.0, 2.0  # the int4 draft's goal: >= 2x torch float32, acceptance within 2 points
 
 
@@ -33,13 +36,6 @@ def chat_prompts(tokenizer, n: int) -> list[list[int]]:
     return prompts
 
 
-def greedy(lm, prompt: list[int], n: int) -> list[int]:
-    context = list(prompt)
-    for _ in range(n):
-        context.append(int(lm.score(context)[-1].argmax()))
-    return context[len(prompt):]
-
-
 def draft_speed(lm, prompts: list[list[int]], n: int) -> float:
     """Draft tokens/s: greedy decode steps (prefill of each prompt excluded)."""
     tokens, seconds = 0, 0.0
@@ -47,7 +43,7 @@ def draft_speed(lm, prompts: list[list[int]], n: int) -> float:
         lm.reset()
         lm.score(prompt)
         t0 = time.perf_counter()
-        greedy(lm, prompt, n)
+        greedy_continuation(lm, prompt, n)
         seconds += time.perf_counter() - t0
         tokens += n
     return tokens / seconds
@@ -55,20 +51,11 @@ def draft_speed(lm, prompts: list[list[int]], n: int) -> float:
 
 def acceptance(lm, prompts: list[list[int]], continuations: list[list[int]], k: int) -> tuple[float, float]:
     """(acceptance rate, mean accepted length incl. the target's token) against fixed target continuations."""
-    drafted = accepted = steps = 0
+    counts = AcceptanceCounts()
     for prompt, cont in zip(prompts, continuations):
         lm.reset()
-        pos = 0
-        while pos < len(cont):
-            room = min(k, len(cont) - pos - 1)
-            if room <= 0:
-                break
-            draft = greedy(lm, prompt + cont[:pos], room)
-            n = 0
-            while n < room and draft[n] == cont[pos + n]:
-                n += 1
-            drafted, accepted, steps, pos = drafted + room, accepted + n, steps + 1, pos + n + 1
-    return accepted / drafted, (accepted + steps) / steps
+        replay_acceptance(ModelDrafter(lm), prompt, cont, k, counts)
+    return counts.acceptance_rate or 0.0, counts.mean_accepted_length or 0.0
 
 
 def _size_mb(folder: Path) -> float:
@@ -79,9 +66,9 @@ def run_draft_bench(draft: str = "qwen2.5-coder-0.5b", target: str = "qwen2.5-co
                     max_new_tokens: int = 64, k: int = 4, threads: int = 1, exports: str | None = None,
                     variants: tuple[str, ...] = ("fp32", "int8", "int4"), max_context: int = 1024) -> str:
     from mirrorsd.exporters import export_draft, read_manifest
+    from mirrorsd.runtime.backends.exported import load_export_lm
     from mirrorsd.models import load_model
     from mirrorsd.runtime.drafters.exported import exports_dir
-    from mirrorsd.runtime.backends.onnx_lm import OnnxCausalLM
     from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 
     torch.set_num_threads(threads)
@@ -104,7 +91,7 @@ def run_draft_bench(draft: str = "qwen2.5-coder-0.5b", target: str = "qwen2.5-co
     check_tokenizers_match(target_tok, tokenizer, target, draft)
     verifier = TorchCausalLM(target_model)
     t0 = time.perf_counter()
-    continuations = [greedy(verifier, p, max_new_tokens) for p in prompts]
+    continuations = [greedy_continuation(verifier, p, max_new_tokens) for p in prompts]
     target_tps = n_prompts * max_new_tokens / (time.perf_counter() - t0)
     del verifier, target_model
     backends = {"torch float32": (TorchCausalLM(draft_model), None)}
@@ -112,7 +99,7 @@ def run_draft_bench(draft: str = "qwen2.5-coder-0.5b", target: str = "qwen2.5-co
         manifest = read_manifest(folder)
         form = "" if manifest["quant"] == "none" else f" ({manifest['quant_form']})"
         name = f"onnxruntime CPU {variant}{form}"
-        backends[name] = (OnnxCausalLM(folder, manifest, "CPUExecutionProvider", threads=threads), folder)
+        backends[name] = (load_export_lm(folder, manifest, "cpu", threads=threads), folder)
     rows = []
     for name, (lm, folder) in backends.items():
         tps = draft_speed(lm, prompts, max_new_tokens)

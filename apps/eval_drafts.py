@@ -24,7 +24,7 @@ import json
 import random
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from mirrorsd import Engine, GenerationConfig
@@ -33,72 +33,7 @@ from mirrorsd.apps.bench_configs import BenchContext, ours
 from mirrorsd.apps.prompt_suite import load_workload
 from mirrorsd.errors import ConfigError
 from mirrorsd.runtime.decode.speedup import best_k, speedup
-
-BUCKET = 16  # tokens per bucket of alpha-by-sequence-position
-
-
-@dataclass
-class AcceptanceCounts:
-    """Offline acceptance of one drafter against target outputs (accumulates over prompts)."""
-
-    steps: int = 0
-    steps_drafted: int = 0
-    committed: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    trials: int = 0  # draft positions reached (every earlier one accepted): the denominator of alpha
-    propose_s: float = 0.0
-    pos_trials: list[int] = field(default_factory=list)  # per draft position
-    pos_accepted: list[int] = field(default_factory=list)
-    seq_trials: dict[int, int] = field(default_factory=dict)  # per bucket of generated position
-    seq_accepted: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def alpha(self) -> float | None:
-        return self.accepted / self.trials if self.trials else None
-
-    def record(self, at: int, drafted: int, accepted: int) -> None:
-        self.steps += 1
-        self.steps_drafted += drafted > 0
-        self.committed += accepted + 1
-        self.drafted += drafted
-        self.accepted += accepted
-        reached = min(accepted + 1, drafted)
-        self.trials += reached
-        for j in range(reached):
-            if j >= len(self.pos_trials):
-                self.pos_trials.append(0)
-                self.pos_accepted.append(0)
-            self.pos_trials[j] += 1
-            self.pos_accepted[j] += j < accepted
-            b = (at + j) // BUCKET
-            self.seq_trials[b] = self.seq_trials.get(b, 0) + 1
-            self.seq_accepted[b] = self.seq_accepted.get(b, 0) + (j < accepted)
-
-
-def offline_acceptance(drafter, prompt_ids: list[int], target_tokens: list[int], k: int,
-                       counts: AcceptanceCounts | None = None) -> AcceptanceCounts:
-    """Replay `target_tokens` (the target's greedy output after `prompt_ids`) as greedy speculative
-    decoding with `drafter` at up to k tokens per step would commit it, counting acceptance."""
-    counts = counts or AcceptanceCounts()
-    drafter.start(GenerationConfig(max_new_tokens=max(1, len(target_tokens)), num_draft_tokens=max(1, k)))
-    pos = 0
-    while pos < len(target_tokens):
-        committed = list(prompt_ids) + target_tokens[:pos]
-        budget = min(k, len(target_tokens) - pos - 1)
-        tokens: list[int] = []
-        if budget > 0:
-            t0 = time.perf_counter()
-            tokens = list(drafter.propose(committed, budget).tokens)[:budget]
-            counts.propose_s += time.perf_counter() - t0
-        n = 0
-        while n < len(tokens) and tokens[n] == target_tokens[pos + n]:
-            n += 1
-        counts.record(pos, len(tokens), n)
-        pos += n + 1
-        drafter.accepted(list(prompt_ids) + target_tokens[:pos], n)
-    return counts
-
+from mirrorsd.runtime.replay import BUCKET, AcceptanceCounts, replay_acceptance
 
 @dataclass
 class EvalOptions:
@@ -130,9 +65,9 @@ def run_eval_drafts(opts: EvalOptions, engine: Engine | None = None, candidates:
         console.print(f"loading {opts.target}")
         engine = Engine.load(target=opts.target, draft="none", dtype=opts.dtype, progress=True)
     if candidates is None:
-        from mirrorsd.engine import _make_drafter
+        from mirrorsd.runtime.drafters import make_drafter
 
-        candidates = {spec: _make_drafter(spec, engine.tokenizer, opts.target, "auto", opts.dtype, True)
+        candidates = {spec: make_drafter(spec, engine.tokenizer, opts.target, dtype=opts.dtype, progress=True)
                       for spec in opts.drafters}
     if not candidates:
         raise ConfigError("no candidate drafters", "e.g. --drafter ngram --drafter qwen2.5-coder-0.5b")
@@ -156,7 +91,7 @@ def run_eval_drafts(opts: EvalOptions, engine: Engine | None = None, candidates:
         for name, drafter in candidates.items():
             counts = AcceptanceCounts()
             for x, out in zip(ids, reference):
-                offline_acceptance(drafter, x, out.tokens, opts.k_max, counts)
+                replay_acceptance(drafter, x, out.tokens, opts.k_max, counts)
                 bar.advance(task)
             offline[name] = counts
 
@@ -203,7 +138,7 @@ def run_eval_drafts(opts: EvalOptions, engine: Engine | None = None, candidates:
     report = {
         "command": command, "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "workload": str(opts.workload), "workload_size": len(workload), "samples": len(ids), "seed": opts.seed,
-        "target": opts.target, "dtype": str(next(engine.verifier.model.parameters()).dtype),
+        "target": opts.target, "dtype": opts.dtype, "backend": engine.verifier.backend,
         "max_new_tokens": opts.max_new_tokens, "k_max": opts.k_max,
         "target_step_seconds": round(step_s, 5), "target_only_tokens_per_second": round(base_tps, 3),
         "machine": machine_info(), "versions": versions(),

@@ -59,7 +59,9 @@ def validate_export(folder: str | Path, model=None, tokenizer=None, target=None,
             return {"spec": spec, "passed": spec["ok"],
                     "numerics": "skipped: Core ML runs predictions only on macOS (spec checked instead)"}
     model, tokenizer = _reference(manifest, model, tokenizer)
-    lm = _load_lm(folder, manifest, provider)
+    from mirrorsd.runtime.backends.exported import load_export_lm
+
+    lm = load_export_lm(folder, manifest, provider)
     diffs, top1, kls, greedy_equal = [], [], [], 0
     for text in PROMPTS:
         prompt = tokenizer(text)["input_ids"][: manifest["max_context"] // 2]
@@ -82,7 +84,7 @@ def validate_export(folder: str | Path, model=None, tokenizer=None, target=None,
         greedy_equal += context == ref_seq
     exact = manifest["quant"] == "none" and manifest["precision"] == "fp32"
     report = {
-        "provider": getattr(lm, "provider", "coreml"), "prompts": len(PROMPTS), "continuation": continuation,
+        "provider": lm.backend, "prompts": len(PROMPTS), "continuation": continuation,
         "max_abs_logit_diff": max(diffs), "top1_agreement": float(np.mean(top1)), "mean_kl": float(np.mean(kls)),
         "greedy_equal": f"{greedy_equal}/{len(PROMPTS)}",
         "criteria": f"max |logit diff| <= {ATOL}" if exact else f"top-1 >= {TOP1_MIN:.0%} and greedy equal",
@@ -93,30 +95,16 @@ def validate_export(folder: str | Path, model=None, tokenizer=None, target=None,
     return report
 
 
-def _load_lm(folder: Path, manifest: dict, provider: str):
-    if manifest["format"] == "coreml":
-        from mirrorsd.runtime.backends.coreml_lm import CoreMLCausalLM
-
-        return CoreMLCausalLM(folder, manifest)
-    from mirrorsd.devices.providers import provider_name
-    from mirrorsd.runtime.backends.onnx_lm import OnnxCausalLM
-
-    return OnnxCausalLM(folder, manifest, provider_name(provider))
-
-
 def _acceptance(lm, manifest: dict, target, tokenizer) -> float | None:
-    """Greedy acceptance rate of the export drafting for `target` over the validation prompts."""
-    from mirrorsd import Engine, GenerationConfig
+    """Greedy acceptance rate of the export drafting for `target` over the validation prompts (K = 4)."""
     from mirrorsd.exporters.export import PROMPTS
-    from mirrorsd.runtime.drafters import TorchDraftModel
+    from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
+    from mirrorsd.runtime.drafters.model import ModelDrafter
+    from mirrorsd.runtime.replay import AcceptanceCounts, greedy_continuation, replay_acceptance
 
-    engine = Engine(target, tokenizer, TorchDraftModel(lm, name="export"))
-    engine.eos_ids = frozenset()
-    drafted = accepted = 0
+    verifier, drafter, counts = TorchCausalLM(target), ModelDrafter(lm), AcceptanceCounts()
     for text in PROMPTS:
         prompt = tokenizer(text)["input_ids"][: manifest["max_context"] // 2]
         room = min(CONTINUATION, manifest["max_context"] - len(prompt) - 1)
-        stats = engine.generate(prompt, GenerationConfig(max_new_tokens=room, num_draft_tokens=4)).stats
-        drafted += stats.drafted_tokens
-        accepted += stats.accepted_tokens
-    return accepted / drafted if drafted else None
+        replay_acceptance(drafter, prompt, greedy_continuation(verifier, prompt, room), 4, counts)
+    return counts.acceptance_rate

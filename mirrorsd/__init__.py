@@ -5,8 +5,8 @@
     result = engine.generate("Write a Python quicksort.", GenerationConfig(max_new_tokens=128))
 """
 
-from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import Draft, Drafter, Verifier
+from mirrorsd.config import GenerationConfig, SamplingParams, SpeculativeConfig
+from mirrorsd.contracts import CausalLM, Draft, Drafter, DraftModel, LearningDrafter, Step, Verifier
 from mirrorsd.engine import Engine
 from mirrorsd.errors import (
     CatalogError,
@@ -25,6 +25,7 @@ from mirrorsd.verify import verify
 
 __version__ = "0.1.0"
 __all__ = [
+    "CausalLM", "DraftModel", "LearningDrafter", "SamplingParams", "SpeculativeConfig", "Step",
     "CatalogError", "ChecksumError", "ConfigError", "DatastoreError", "Draft", "EngineClosedError", "Drafter", "Engine", "FinishEvent",
     "GenerationConfig", "GenerationResult", "GenerationStats", "MirrorsdError", "ModelNotFoundError",
     "PromptError", "RollbackUnsupportedError", "TokenEvent", "TokenizerMismatchError", "Verifier", "verify",

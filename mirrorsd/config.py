@@ -1,8 +1,16 @@
-"""GenerationConfig: every knob of one request, in one place."""
+"""Settings of one request.
+
+Two parts, kept apart as vLLM keeps SamplingParams apart from its speculative config:
+- SamplingParams: how the next token is chosen from the target's logits. `verify` and the logit
+  processing (mirrorsd.sampling) see only this; output depends only on it (and the models).
+- SpeculativeConfig: how drafting and verification are scheduled. It changes speed, never output.
+GenerationConfig is what callers pass: the request's length and stop strings plus every field of both
+parts, flat; `.sampling` and `.speculative` are the parts, validated at construction.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from mirrorsd.errors import ConfigError
 
@@ -10,11 +18,8 @@ PIPELINE_MODES = ("auto", "sequential", "overlap", "branches")
 
 
 @dataclass(frozen=True)
-class GenerationConfig:
-    """Settings for one generate/stream call. Defaults give greedy decoding with adaptive K."""
-
-    max_new_tokens: int = 256
-    """Most tokens to generate. Generation also stops at EOS, at a stop string, or at the context limit."""
+class SamplingParams:
+    """How the next token is chosen; target-only decoding and `verify` apply exactly the same."""
 
     temperature: float = 0.0
     """0 means greedy (argmax; output token-identical to target-only greedy decoding). > 0 samples,
@@ -33,53 +38,7 @@ class GenerationConfig:
     seed: int | None = None
     """Seed for the sampling random stream. Same seed, same config, same models: same output."""
 
-    stop: tuple[str, ...] = ()
-    """Stop strings: generation ends when the text contains one; it is not included in the result."""
-
-    num_draft_tokens: int = 8
-    """K (gamma): draft tokens proposed per verify step; the starting value when adaptive_k is on."""
-
-    adaptive_k: bool = True
-    """Choose K per step within [1, max_draft_tokens] from measured costs: the K that maximises
-    Leviathan's predicted speedup for the running acceptance estimate and the measured ratio of draft
-    time per token to verify time (runtime/schedule.py). Seeded sampling uses transformers' heuristic
-    instead (all accepted: K += 2, else K -= 1), since a timing-based K would make the seed's random
-    stream depend on the machine's speed. False: K stays at num_draft_tokens."""
-
-    max_draft_tokens: int = 16
-    """Upper bound on K, whatever the schedule says."""
-
-    pipeline: str = "auto"
-    """How drafting and verification are scheduled:
-    "sequential": draft, then verify, on one thread (the reference loop, runtime/speculative.py);
-    "overlap": a draft worker thread drafts step t+1 while the target verifies step t, assuming step t
-    is fully accepted (runtime/pipeline.py);
-    "branches": overlap plus Mirror-SD early exit: the verify pass publishes its layer-l_e top-kappa
-    tokens and the draft worker prepares the likeliest correction branches (Llama/Qwen2/Mistral
-    targets; others run as "overlap");
-    "auto": "overlap" for a draft model that computes apart from the target (an NPU or GPU draft beside
-    a CPU target, a CPU or NPU draft beside a GPU target); "sequential" when both models compute on the
-    same CPU (they would split its cores, and each model runs faster on all of them: measured in the
-    README) and for model-free drafters (they draft in microseconds: nothing to hide). Output is
-    identical in every mode."""
-
-    early_exit_layer: int | None = None
-    """l_e: the target layer whose output is read through the LM head for branch hints (1-based;
-    None = half the depth)."""
-
-    branch_width: int = 3
-    """kappa: early-exit candidates considered per draft position (0 turns branches off)."""
-
-    draft_timeout_s: float = 30.0
-    """A pipelined drafter that has not produced a draft this long after it was due is dropped for
-    the rest of the request (the model-free fallback serves on); output is unchanged."""
-
     def __post_init__(self) -> None:
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ConfigError(
-                f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}",
-                "ask for at least one new token, e.g. max_new_tokens=128",
-            )
         if not (self.temperature >= 0.0) or self.temperature != self.temperature:
             raise ConfigError(
                 f"temperature must be >= 0, got {self.temperature!r}",
@@ -93,6 +52,55 @@ class GenerationConfig:
             raise ConfigError(
                 f"repetition_penalty must be > 0, got {self.repetition_penalty}", "use 1.0 for no penalty"
             )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """How drafting and verification are scheduled."""
+
+    num_draft_tokens: int = 8
+    """K (gamma): draft tokens proposed per verify step; the starting value when adaptive_k is on."""
+
+    adaptive_k: bool = True
+    """Choose K per step within [1, max_draft_tokens] from measured costs: the K that maximises
+    Leviathan's predicted speedup for the running acceptance estimate and the measured ratio of draft
+    time per token to verify time (runtime/decode/schedule.py). Seeded sampling uses transformers'
+    heuristic instead (all accepted: K += 2, else K -= 1), since a timing-based K would make the seed's
+    random stream depend on the machine's speed. False: K stays at num_draft_tokens."""
+
+    max_draft_tokens: int = 16
+    """Upper bound on K, whatever the schedule says."""
+
+    pipeline: str = "auto"
+    """How drafting and verification are scheduled:
+    "sequential": draft, then verify, on one thread (runtime/decode/sequential.py);
+    "overlap": a draft worker thread drafts step t+1 while the target verifies step t, assuming step t
+    is fully accepted (runtime/decode/pipeline.py);
+    "branches": overlap plus Mirror-SD early exit: the verify pass publishes its layer-l_e top-kappa
+    tokens and the draft worker prepares the likeliest correction branches (targets whose backend
+    declares early exit; others run as "overlap");
+    "auto": "overlap" for a draft model that computes apart from the target (an NPU or GPU draft beside
+    a CPU target, a CPU or NPU draft beside a GPU target); "sequential" when both models compute on the
+    same CPU (they would split its cores, and each model runs faster on all of them: see
+    docs/measurements.md) and for model-free drafters (they draft in microseconds: nothing to hide).
+    Output is identical in every mode."""
+
+    early_exit_layer: int | None = None
+    """l_e: the target layer whose output is read through the LM head for branch hints (1-based;
+    None = half the depth)."""
+
+    branch_width: int = 3
+    """kappa: early-exit candidates considered per draft position (0 turns branches off)."""
+
+    draft_timeout_s: float = 30.0
+    """A pipelined drafter that has not produced a draft this long after it was due is dropped for
+    the rest of the request (the model-free fallback serves on); output is unchanged."""
+
+    def __post_init__(self) -> None:
         if self.num_draft_tokens < 0 or self.max_draft_tokens < 1:
             raise ConfigError(
                 f"num_draft_tokens must be >= 0 and max_draft_tokens >= 1, got "
@@ -108,11 +116,50 @@ class GenerationConfig:
                 f"{self.early_exit_layer}", "early_exit_layer=None picks half the target's depth")
         if not (self.draft_timeout_s > 0):
             raise ConfigError(f"draft_timeout_s must be > 0, got {self.draft_timeout_s}", "the default is 30 s")
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Settings for one generate/stream call (fields of SamplingParams and SpeculativeConfig are
+    documented there). Defaults give greedy decoding with adaptive K."""
+
+    max_new_tokens: int = 256
+    """Most tokens to generate. Generation also stops at EOS, at a stop string, or at the context limit."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends when the text contains one; it is not included in the result."""
+
+    num_draft_tokens: int = 8
+    adaptive_k: bool = True
+    max_draft_tokens: int = 16
+    pipeline: str = "auto"
+    early_exit_layer: int | None = None
+    branch_width: int = 3
+    draft_timeout_s: float = 30.0
+
+    sampling: SamplingParams = field(init=False, repr=False, compare=False)
+    speculative: SpeculativeConfig = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ConfigError(
+                f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}",
+                "ask for at least one new token, e.g. max_new_tokens=128",
+            )
+        object.__setattr__(self, "sampling", _part(SamplingParams, self))
+        object.__setattr__(self, "speculative", _part(SpeculativeConfig, self))
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.sampling.greedy
+
+
+def _part(cls: type, config: GenerationConfig):
+    return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})

@@ -1,16 +1,29 @@
-"""The small contracts between the loop, the drafters and the verifier."""
+"""The small contracts between the loops, the drafters and the model backends.
+
+Records: `Draft` (what a drafter proposes) and `Step` (what one verify step committed).
+Protocols:
+- `CausalLM`: one model on one device (a backend: torch, ONNX Runtime, Core ML, ...). The verifier is
+  one; a model drafter drafts with one. Optional capabilities are *declared* as attributes that hold
+  an implementation or None (`early_exit`, `threads`), never discovered by probing.
+- `Drafter`: proposes tokens. Optional parts are declared as their own protocols (`DraftModel`: a
+  drafter that runs a CausalLM, token by token; `LearningDrafter`: learns from finished replies).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from mirrorsd.config import GenerationConfig
 
+ComputeKind = Literal["cpu", "gpu", "npu"]
+
+
+# -- records ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Draft:
@@ -29,6 +42,101 @@ class Draft:
         return Draft([], None, source)
 
 
+@dataclass(frozen=True)
+class Step:
+    """One verify step's outcome, as every decode loop yields it."""
+
+    tokens: list[int]
+    """Committed this step: the accepted draft tokens + the correction or bonus token."""
+    n_drafted: int
+    n_accepted: int
+    source: str
+    """The drafter that served this step ("none" for a plain decode step)."""
+    draft_time: float
+    """Seconds the step waited for its draft (sequential: spent in propose)."""
+    verify_time: float
+    """Seconds spent in score() + verify()."""
+    fallback: str | None = None
+    """Why a drafter was dropped during this step, if one was."""
+    branch: Literal["hit", "miss"] | None = None
+    """Pipeline with early-exit branches: whether a step that left the lookahead landed on a prepared
+    branch; None when no branch was prepared or the step stayed on the lookahead."""
+
+
+# -- model backends --------------------------------------------------------------------------------
+
+EarlyExitCallback = Callable[[np.ndarray, np.ndarray], None]
+"""Receives (top-kappa token ids [k+1, kappa], their log-probabilities [k+1, kappa]) at layer l_e."""
+
+
+@dataclass(frozen=True)
+class ExitRequest:
+    """Read the LM head at layer `layer` (1-based) during a verify pass and publish its top `kappa`."""
+
+    layer: int
+    kappa: int
+    publish: EarlyExitCallback
+
+
+class EarlyExit(Protocol):
+    """Capability: Mirror-SD's early exit. The final logits must be exactly those of `CausalLM.score`."""
+
+    num_layers: int
+
+    def score_with_exit(self, committed: Sequence[int], draft: Sequence[int], request: ExitRequest) -> torch.Tensor:
+        """As CausalLM.score, publishing the layer-l_e top-kappa of each of the k+1 rows midway."""
+
+
+class ThreadControl(Protocol):
+    """Capability: the backend's CPU threads can be changed between passes and between layers (the
+    pipeline lends a CPU draft worker's cores to the verify pass while the worker is idle)."""
+
+    def get_threads(self) -> int:
+        """Threads for passes run by the calling thread."""
+
+    def set_threads(self, n: int) -> None:
+        """Threads for passes run by the calling thread from now on."""
+
+    def between_layers(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` before each layer of passes run by the calling thread; returns a remover."""
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+    """One model on one device with a truncatable KV cache.
+
+    `score` reconciles the cache with the caller's history (longest common prefix), feeds only what the
+    cache lacks, and returns logits for the last committed token and each draft token; rollback after a
+    rejection is therefore implicit. Implementations: runtime/backends/ (torch, ONNX Runtime, Core ML)."""
+
+    backend: str
+    """Names the backend and device for stats: "torch:cpu", "onnx:CPU", "coreml", ..."""
+    computes_on: ComputeKind
+    """Whose compute the forward passes use (an ONNX model on the CPU provider: "cpu"; on QNN: "npu")."""
+    vocab_size: int
+    max_context: int
+    early_exit: EarlyExit | None
+    threads: ThreadControl | None
+
+    def score(self, committed: Sequence[int], draft: Sequence[int] = ()) -> torch.Tensor:
+        """Logits [k+1, V] (float32, on the host or the model's device): row i follows committed + draft[:i]."""
+
+    def truncate(self, length: int) -> None:
+        """Drop cached positions >= length."""
+
+    def reset(self) -> None:
+        """Forget the whole cache."""
+
+    def close(self) -> None:
+        """Free the model's memory; the object is unusable afterwards."""
+
+
+Verifier = CausalLM
+"""The target on its device: any CausalLM."""
+
+
+# -- drafters --------------------------------------------------------------------------------------
+
 @runtime_checkable
 class Drafter(Protocol):
     """Proposes tokens. Owns its own state and reconciles it against the committed history on
@@ -45,19 +153,29 @@ class Drafter(Protocol):
     def accepted(self, committed: Sequence[int], n_accepted: int) -> None:
         """Feedback after a verify step: `committed` now ends with the accepted tokens + 1."""
 
-    # Optional: finish(prompt_ids, generated) is called when a request completes (not when it is
-    # cancelled); the retrieval drafter learns the reply there.
+
+@runtime_checkable
+class DraftModel(Drafter, Protocol):
+    """A drafter that runs a model (`lm`): it drafts token by token, so the pipeline's draft worker can
+    take new instructions between tokens, and it holds memory to free."""
+
+    lm: CausalLM
+
+    def propose_iter(self, committed: Sequence[int], max_tokens: int) -> Iterator[tuple[int, np.ndarray | None]]:
+        """Draft tokens one at a time: (token, its q row, or None when drafting greedily)."""
+
+    def close(self) -> None:
+        """Free the model."""
 
 
 @runtime_checkable
-class Verifier(Protocol):
-    """The target model on its device. Rollback (truncate) is a checked capability."""
+class LearningDrafter(Drafter, Protocol):
+    """A drafter that learns from finished requests (retrieval appends replies to its datastore)."""
 
-    vocab_size: int
-    max_context: int
+    def finish(self, prompt_ids: Sequence[int], generated: Sequence[int]) -> None:
+        """A request completed (not cancelled) with these generated tokens."""
 
-    def score(self, committed: Sequence[int], draft: Sequence[int]) -> torch.Tensor:
-        """Logits [k+1, vocab]: row i predicts the token after committed + draft[:i]."""
 
-    def truncate(self, length: int) -> None:
-        """Drop cached positions >= length."""
+def computes_on(drafter: Drafter | None) -> ComputeKind | None:
+    """Where a drafter's model computes; None for model-free drafters (microseconds on the host)."""
+    return drafter.lm.computes_on if isinstance(drafter, DraftModel) else None

@@ -1,4 +1,4 @@
-"""Engine: the public entry point. Text in, typed events out; the loop lives in runtime/speculative.py."""
+"""Engine: the public entry point. Text in, typed events out; the loops live in runtime/decode/."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import Drafter
+from mirrorsd.contracts import CausalLM, Drafter, DraftModel, LearningDrafter
 from mirrorsd.errors import ConfigError, EngineClosedError, PromptError
 from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
-from mirrorsd.runtime.backends.cpu_kernels import use_onednn_linear
-from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
-from mirrorsd.runtime.decode.pipeline import cpu_draft_threads, overlap_threads, pipelined_decode, shares_cpu
-from mirrorsd.runtime.decode.sequential import speculative_decode
-from mirrorsd.runtime.timeline import Timeline
+from mirrorsd.runtime.backends import eos_ids as eos_ids_of
+from mirrorsd.runtime.backends import load_lm
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
-from mirrorsd.tokenizer_check import check_tokenizers_match
+from mirrorsd.runtime.decode.pipeline import pipelined_decode
+from mirrorsd.runtime.decode.sequential import speculative_decode
+from mirrorsd.runtime.decode.threads import cpu_draft_threads, overlap_threads, shares_cpu
+from mirrorsd.runtime.drafters.factory import fallback_for, make_drafter
+from mirrorsd.runtime.timeline import Timeline
 
 log = logging.getLogger("mirrorsd")
 
@@ -28,24 +29,31 @@ Prompt = str | Sequence[dict] | Sequence[int]
 
 
 class Engine:
-    """A target model plus an optional drafter.
+    """A target model (a CausalLM on some backend) plus an optional drafter.
 
     Thread safety: calls are serialized, not batched. One request runs at a time (a lock taken when a
     stream starts and released when it finishes or is closed), so one Engine may be shared by threads;
     the others wait their turn. Use as a context manager or call close().
 
+    target: a CausalLM (runtime/backends/), or a transformers model, run on the torch backend.
     fallback: the model-free drafter beside a draft model (Engine.load: n-gram, see fallback_for). The
     pipeline lets it serve steps where its draft beats waiting for the model's; it takes over when
-    `drafter` fails mid-request. None: plain decoding takes over."""
+    `drafter` fails mid-request. None: plain decoding takes over.
+    eos_ids: token ids that end a reply (default: the tokenizer's EOS, and a transformers model's own)."""
 
-    def __init__(self, model, tokenizer, drafter: Drafter | None = None, device: torch.device | str | None = None,
-                 name: str = "target", fallback: Drafter | None = None) -> None:
-        self.verifier = TorchCausalLM(model, device)
+    def __init__(self, target, tokenizer, drafter: Drafter | None = None, device: torch.device | str | None = None,
+                 name: str = "target", fallback: Drafter | None = None, eos_ids: frozenset[int] | None = None) -> None:
+        if isinstance(target, CausalLM):
+            self.verifier = target
+            default_eos = eos_ids_of(None, tokenizer)
+        else:
+            self.verifier = TorchCausalLM(target, device)
+            default_eos = eos_ids_of(target, tokenizer)
         self.tokenizer = tokenizer
-        self.drafter = drafter
+        self.drafter = make_drafter(drafter, tokenizer, name)
         self.fallback = fallback
         self.name = name
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = default_eos if eos_ids is None else frozenset(eos_ids)
         self._lock = threading.Lock()
         self.closed = False
 
@@ -53,30 +61,34 @@ class Engine:
     def load(cls, target: str = "smollm2-135m", draft: str | Drafter | None = "auto", device: str | None = "auto",
              dtype: str | torch.dtype | None = "auto", draft_device: str | None = None,
              draft_dtype: str | torch.dtype | None = None, progress: bool = False,
-             verifier_device: str | None = None) -> "Engine":
+             verifier_device: str | None = None, backend: str = "torch", draft_backend: str | None = None) -> "Engine":
         """Load a target and pick a drafter.
 
-        draft: "auto" (best available; today the model-free chain: n-gram + retrieval from the default
-        stdlib datastore, built once per tokenizer), "ngram", "retrieval" / "chain" (default datastore),
-        "retrieval:PATH" / "chain:PATH" (your datastore, learning from each reply), "none"/None
-        (target-only decoding through the same runtime), a model argument (catalog name, folder, .gguf,
-        hub id) for an independent torch draft model, an export folder (`mirrorsd export`, holding
-        manifest.json) for a draft on ONNX Runtime / Core ML, or a Drafter instance. With an NPU and a
-        compatible export in the exports cache, "auto" drafts with that export on the NPU.
-        device / verifier_device (alias): the target's torch device. draft_device: a torch device for a
-        torch draft model, or a backend for an export (cpu, coreml, qnn, openvino, dml, vitisai, cuda).
+        draft: see mirrorsd.runtime.drafters.make_drafter: "auto" (best available; on a machine without
+        an NPU the model-free chain), "ngram", "retrieval[:PATH]", "chain[:PATH]", "none"/None, a model
+        argument for an independent draft model, an export folder, or a Drafter instance.
+        device / verifier_device (alias): the target's device. draft_device: a draft model's device, or
+        the backend for an export (cpu, coreml, qnn, openvino, dml, vitisai, cuda).
+        backend / draft_backend: the model backends (runtime/backends/; "torch" is the float32 reference).
         """
-        from mirrorsd.devices import parse_dtype, resolve_device
-        from mirrorsd.models import load_model
-
         device = verifier_device or device
-        dev = resolve_device(device)
-        model, tokenizer = load_model(target, dev, parse_dtype(dtype, dev), progress)
-        use_onednn_linear(model)
-        drafter = _make_drafter(draft, tokenizer, target, draft_device or device,
-                                draft_dtype or dtype, progress, export_device=draft_device,
-                                export_threads=cpu_draft_threads(dev))
-        return cls(model, tokenizer, drafter, dev, name=target, fallback=fallback_for(drafter))
+        loaded = load_lm(target, backend, device=device, dtype=dtype, progress=progress)
+        drafter = make_drafter(draft, loaded.tokenizer, target, device=draft_device or device,
+                               dtype=draft_dtype or dtype, backend=draft_backend or backend, progress=progress,
+                               export_device=draft_device,
+                               export_threads=cpu_draft_threads(loaded.lm.computes_on))
+        return cls(loaded.lm, loaded.tokenizer, drafter, name=target, fallback=fallback_for(drafter),
+                   eos_ids=loaded.eos_ids)
+
+    def with_drafter(self, drafter: str | Drafter | None, fallback: Drafter | None | str = "auto") -> "Engine":
+        """The same target (model, caches, tokenizer, lock) with another drafter, e.g. to compare drafters
+        on one loaded model. fallback "auto": as Engine.load pairs them (n-gram beside a draft model)."""
+        self._check_open()
+        drafter = make_drafter(drafter, self.tokenizer, self.name)
+        other = Engine(self.verifier, self.tokenizer, drafter, name=self.name,
+                       fallback=fallback_for(drafter) if fallback == "auto" else fallback, eos_ids=self.eos_ids)
+        other._lock = self._lock  # one request at a time on the shared target
+        return other
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -132,15 +144,16 @@ class Engine:
         if self.drafter is None:
             return "sequential"
         if mode == "auto":  # overlap only where the draft computes beside the target, not on its cores
-            apart = not shares_cpu(self.verifier.device, self.drafter)
-            mode = "overlap" if hasattr(self.drafter, "propose_iter") and apart else "sequential"
-        if mode == "branches" and not (self.verifier.supports_early_exit and cfg.branch_width > 0):
+            apart = not shares_cpu(self.verifier, self.drafter)
+            mode = "overlap" if isinstance(self.drafter, DraftModel) and apart else "sequential"
+        early_exit = self.verifier.early_exit
+        if mode == "branches" and not (early_exit is not None and cfg.branch_width > 0):
             mode = "overlap"
-        if mode == "branches" and cfg.early_exit_layer is not None and cfg.early_exit_layer >= self.verifier.num_layers:
+        if mode == "branches" and cfg.early_exit_layer is not None and cfg.early_exit_layer >= early_exit.num_layers:
             raise ConfigError(
                 f"early_exit_layer {cfg.early_exit_layer} is not inside {self.name}'s "
-                f"{self.verifier.num_layers} layers",
-                f"pick a layer from 1 to {self.verifier.num_layers - 1}, or None for half the depth")
+                f"{early_exit.num_layers} layers",
+                f"pick a layer from 1 to {early_exit.num_layers - 1}, or None for half the depth")
         return mode
 
     def _steps(self, ids: list[int], cfg: GenerationConfig, budget: int, timeline: Timeline, mode: str):
@@ -148,7 +161,7 @@ class Engine:
             return speculative_decode(self.verifier, self.drafter, ids, cfg, budget, timeline, self.fallback)
         return pipelined_decode(self.verifier, self.drafter, ids, cfg, budget, branches=mode == "branches",
                                 fallback=self.fallback, timeline=timeline,
-                                threads=overlap_threads(self.verifier.device, self.drafter))
+                                threads=overlap_threads(self.verifier, self.drafter))
 
     def _run(self, ids: list[int], cfg: GenerationConfig, trace: str | None) -> Iterator[Event]:
         with self._lock:
@@ -187,10 +200,9 @@ class Engine:
                 raise
             finally:
                 steps.close()
-                finish_hook = getattr(self.drafter, "finish", None)
-                if finish_hook is not None and finish != "cancelled":
+                if isinstance(self.drafter, LearningDrafter) and finish != "cancelled":
                     try:
-                        finish_hook(ids, tokens)
+                        self.drafter.finish(ids, tokens)
                     except Exception as exc:  # learning is best-effort; the reply is already right
                         log.warning("drafter %r could not learn from the request: %s", self.drafter, exc)
             recorder.generated = len(tokens)
@@ -198,7 +210,7 @@ class Engine:
                 timeline.write_chrome_trace(trace)
             tail = text.flush()
             result = GenerationResult(text.text, tokens, finish, recorder.snapshot(time.perf_counter() - start),
-                                      from_draft)
+                                      from_draft, timeline.to_spans())
             yield FinishEvent(result, tail)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -212,18 +224,11 @@ class Engine:
             if self.closed:
                 return
             self.closed = True
-            self.verifier.reset()
             for drafter in (self.drafter, self.fallback):
-                lm = getattr(drafter, "lm", None)
-                if lm is not None:
-                    lm.reset()
-                    lm.model = None
-                drafter_close = getattr(drafter, "close", None)
-                if callable(drafter_close):
-                    drafter_close()
-            device = self.verifier.device
-            self.verifier.model = None
-            if device.type == "cuda":
+                if isinstance(drafter, DraftModel):
+                    drafter.close()
+            self.verifier.close()
+            if torch.cuda.is_available():
                 torch.cuda.empty_cache()
 
     def _check_open(self) -> None:
@@ -236,63 +241,6 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def fallback_for(drafter: Drafter | None) -> Drafter | None:
-    """The model-free drafter beside a draft model: n-gram (free to set up; retrieval would first need a
-    datastore for this tokenizer). The pipeline lets it serve the steps where its draft, made at once,
-    beats waiting for the model's, and every step once the draft model fails; then plain decoding."""
-    return NGramDrafter() if hasattr(drafter, "propose_iter") else None
-
-
-def _make_drafter(draft, target_tokenizer, target_name: str, device, dtype, progress: bool,
-                  export_device: str | None = None, export_threads: int | None = None) -> Drafter | None:
-    """See Engine.load for the accepted values of `draft`."""
-    if draft is None or draft == "none":
-        return None
-    if not isinstance(draft, str):
-        return draft  # a Drafter instance
-    if draft == "ngram":
-        return NGramDrafter()
-    kind, _, where = draft.partition(":")
-    if draft == "auto":
-        from mirrorsd.runtime.drafters.exported import auto_export_drafter
-
-        exported = auto_export_drafter(target_tokenizer, export_device)
-        if exported is not None:
-            return exported
-    if kind in ("auto", "chain", "retrieval") and (kind != "auto" or not where):
-        from mirrorsd.runtime.drafters.retrieval.datastore import Datastore, default_datastore
-
-        store = (Datastore.open(where, target_tokenizer) if where
-                 else default_datastore(target_tokenizer, progress=progress, tokenizer_name=target_name))
-        retrieval = RetrievalDrafter(store, learn=bool(where))
-        return retrieval if kind == "retrieval" else ChainDrafter(NGramDrafter(), retrieval)
-    from mirrorsd.export_format import is_export
-
-    if is_export(draft):
-        from mirrorsd.runtime.drafters.exported import drafter_from_export
-
-        return drafter_from_export(draft, target_tokenizer, target_name, export_device, export_threads)
-    from mirrorsd.devices import parse_dtype, resolve_device
-    from mirrorsd.models import load_model
-
-    dev = resolve_device(device)
-    model, tokenizer = load_model(draft, dev, parse_dtype(dtype, dev), progress)
-    use_onednn_linear(model)
-    check_tokenizers_match(target_tokenizer, tokenizer, target_name, draft)
-    return TorchDraftModel(TorchCausalLM(model, dev), name=f"torch:{dev.type}")
-
-
-def _eos_ids(model, tokenizer) -> frozenset[int]:
-    ids: set[int] = set()
-    gen_cfg = getattr(model, "generation_config", None)
-    eos = getattr(gen_cfg, "eos_token_id", None)
-    if eos is not None:
-        ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return frozenset(int(i) for i in ids)
 
 
 class _TextAssembler:

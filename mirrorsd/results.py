@@ -159,12 +159,26 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class Span:
+    """A stretch of work on one lane (worker) of one request: the request's timeline, as
+    `GenerationResult.spans` hands it out (and `--trace` writes it for chrome://tracing)."""
+
+    lane: str  # "draft" or "verify"
+    name: str  # "verify", "lookahead", "ngram draft", "branch 2:318", ...
+    start: float  # seconds from the request's start
+    seconds: float
+    drafted: int = 0  # verify spans: draft tokens verified; draft spans: tokens drafted
+    accepted: int | None = None  # verify spans: of those, accepted
+
+
+@dataclass(frozen=True)
 class GenerationResult:
     text: str
     token_ids: list[int]
     finish_reason: str  # "stop" (EOS or stop string), "length" (max_new_tokens or context), "cancelled"
     stats: GenerationStats
     from_draft: list[bool] = field(default_factory=list)  # per token in token_ids
+    spans: tuple[Span, ...] = ()  # the draft and verify work of the request, in order of completion per lane
 
     def to_dict(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from mirrorsd.config import GenerationConfig
+from mirrorsd.config import SamplingParams
 
 
 def apply_repetition_penalty(
@@ -33,7 +33,7 @@ def apply_repetition_penalty(
     return out
 
 
-def warp_logits(logits: torch.Tensor, cfg: GenerationConfig) -> torch.Tensor:
+def warp_logits(logits: torch.Tensor, cfg: SamplingParams) -> torch.Tensor:
     """Temperature, top-k, top-p on already-penalised logits [n, V]; removed tokens get -inf."""
     logits = logits / cfg.temperature
     vocab = logits.shape[-1]
@@ -52,7 +52,7 @@ def warp_logits(logits: torch.Tensor, cfg: GenerationConfig) -> torch.Tensor:
 
 
 def next_token_scores(
-    logits: torch.Tensor, cfg: GenerationConfig, history: Sequence[int], draft: Sequence[int] = ()
+    logits: torch.Tensor, cfg: SamplingParams, history: Sequence[int], draft: Sequence[int] = ()
 ) -> torch.Tensor:
     """Greedy: penalised logits (argmax picks the token). Sampling: probabilities [n, V]."""
     logits = apply_repetition_penalty(logits.float(), history, draft, cfg.repetition_penalty)

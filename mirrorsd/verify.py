@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from mirrorsd.config import GenerationConfig
+from mirrorsd.config import SamplingParams
 from mirrorsd.contracts import Draft
 from mirrorsd.sampling import next_token_scores, sample_categorical
 
@@ -30,7 +30,7 @@ from mirrorsd.sampling import next_token_scores, sample_categorical
 def verify(
     draft: Draft,
     target_logits: torch.Tensor,
-    sampling: GenerationConfig,
+    sampling: SamplingParams,
     rng: np.random.Generator,
     history: Sequence[int] = (),
 ) -> tuple[int, list[int]]:

@@ -15,6 +15,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from mirrorsd.results import Span
+
 DRAFT, VERIFY = "draft", "verify"
 
 
@@ -43,6 +45,13 @@ class Timeline:
             yield args  # the caller may add args (e.g. how many tokens) before the span closes
         finally:
             self.add(lane, start, time.perf_counter(), name, **args)
+
+    def to_spans(self) -> tuple[Span, ...]:
+        """Every span, seconds from the timeline's origin (draft lane first)."""
+        with self._lock:
+            return tuple(Span(lane, name, start - self.origin, end - start, args.get("k", args.get("tokens", 0)),
+                              args.get("accepted"))
+                         for lane in (DRAFT, VERIFY) for start, end, name, args in self.spans[lane])
 
     def chrome_trace(self) -> dict:
         """The Trace Event Format that chrome://tracing, Perfetto and speedscope open."""

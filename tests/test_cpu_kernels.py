@@ -10,7 +10,7 @@ import torch
 from conftest import make_model
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.runtime.backends.cpu_kernels import ENV, OneDNNLinear, onednn_linear_available, use_onednn_linear
-from mirrorsd.runtime.drafters import NGramDrafter, TorchDraftModel
+from mirrorsd.runtime.drafters import NGramDrafter, ModelDrafter
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from test_engine_greedy import PROMPTS
 
@@ -43,7 +43,7 @@ def test_speculative_over_switched_models_equals_target_only(mode, tokenizer):
     use_onednn_linear(target), use_onednn_linear(draft)
     plain = Engine(target, tokenizer, None)
     plain.eos_ids = frozenset()
-    spec = Engine(target, tokenizer, TorchDraftModel(TorchCausalLM(draft)), fallback=NGramDrafter())
+    spec = Engine(target, tokenizer, ModelDrafter(TorchCausalLM(draft)), fallback=NGramDrafter())
     spec.eos_ids = frozenset()
     for prompt in PROMPTS:
         want = plain.generate(prompt, GenerationConfig(max_new_tokens=30)).token_ids

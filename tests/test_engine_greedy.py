@@ -7,7 +7,7 @@ import torch
 
 from mirrorsd import Engine, FinishEvent, GenerationConfig, TokenEvent
 from mirrorsd.runtime.drafters.retrieval.datastore import Datastore
-from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
+from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, ModelDrafter
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from drafters_for_tests import FailingDrafter, RandomTokenDrafter
 
@@ -32,9 +32,9 @@ def make_drafter(kind, target_model, other_model, tokenizer, datastore=None):
     if kind == "none":
         return None
     if kind == "self":
-        return TorchDraftModel(TorchCausalLM(target_model))
+        return ModelDrafter(TorchCausalLM(target_model))
     if kind == "other-model":
-        return TorchDraftModel(TorchCausalLM(other_model))
+        return ModelDrafter(TorchCausalLM(other_model))
     if kind == "random":
         return RandomTokenDrafter(len(tokenizer))
     if kind == "ngram":
@@ -90,7 +90,7 @@ def test_rollback_then_regenerate_reuses_the_cache_correctly(target_model, token
 
 
 def test_repetition_penalty_matches_transformers(target_model, other_model, tokenizer):
-    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
     engine.eos_ids = frozenset()
     result = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=30, repetition_penalty=1.3))
     assert result.token_ids == hf_greedy(target_model, tokenizer, PROMPTS[0], 30, repetition_penalty=1.3)
@@ -106,7 +106,7 @@ def test_failing_drafter_is_dropped_and_output_is_unchanged(how, target_model, t
 
 
 def test_stream_events_carry_text_provenance_and_stats(target_model, tokenizer):
-    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(target_model)))
+    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(target_model)))
     engine.eos_ids = frozenset()
     events = list(engine.stream(PROMPTS[0], GenerationConfig(max_new_tokens=20)))
     tokens = [e for e in events if isinstance(e, TokenEvent)]

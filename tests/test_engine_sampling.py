@@ -3,13 +3,15 @@ whatever drafts, and a seed reproduces a run."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.runtime.drafters import NGramDrafter, TorchDraftModel
+from mirrorsd.runtime.drafters import NGramDrafter, ModelDrafter
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 
 PROMPT = "The quick brown fox"
@@ -46,7 +48,7 @@ def test_speculative_sampling_matches_target_distribution(drafter_kind, pipeline
                            pipeline=pipeline, early_exit_layer=1)
     prompt = PROMPT
     if drafter_kind == "other-model":
-        drafter = TorchDraftModel(TorchCausalLM(other_model))
+        drafter = ModelDrafter(TorchCausalLM(other_model))
     else:  # a prompt that repeats itself, so the n-gram drafter proposes at every step
         drafter, prompt = NGramDrafter(), "fox and dog, fox and dog, fox and dog, fox"
     engine = Engine(target_model, tokenizer, drafter)
@@ -54,7 +56,7 @@ def test_speculative_sampling_matches_target_distribution(drafter_kind, pipeline
     p1, p2 = exact_first_two(target_model, tokenizer, cfg, prompt)
     first, second, drafted = [], [], 0
     for seed in range(2500):
-        result = engine.generate(prompt, GenerationConfig(**{**cfg.__dict__, "seed": seed}))
+        result = engine.generate(prompt, replace(cfg, seed=seed))
         first.append(result.token_ids[0])
         second.append(result.token_ids[1])
         drafted += result.stats.drafted_tokens
@@ -65,7 +67,7 @@ def test_speculative_sampling_matches_target_distribution(drafter_kind, pipeline
 
 
 def test_same_seed_same_output_different_seed_different_output(target_model, other_model, tokenizer):
-    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
     engine.eos_ids = frozenset()
     cfg = GenerationConfig(temperature=1.0, max_new_tokens=30, seed=11)
     a = engine.generate(PROMPT, cfg).token_ids

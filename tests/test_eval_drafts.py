@@ -12,7 +12,8 @@ import pytest
 from conftest import make_model
 from drafters_for_tests import RandomTokenDrafter, ScriptedDrafter
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.eval_drafts import EvalOptions, offline_acceptance, run_eval_drafts
+from mirrorsd.apps.eval_drafts import EvalOptions, run_eval_drafts
+from mirrorsd.runtime.replay import replay_acceptance
 from mirrorsd.runtime.drafters import NGramDrafter
 
 PROMPTS = ["def quicksort(arr):", "The quick brown fox", "import numpy as np", '{"name": "mirrorsd",',
@@ -35,19 +36,19 @@ def references(engine):
     return out
 
 
-def test_offline_acceptance_counts_what_a_scripted_drafter_gets_right(references, tokenizer):
+def test_replay_acceptance_counts_what_a_scripted_drafter_gets_right(references, tokenizer):
     ids, target = references[0]
     assert len(target) == 20
-    exact = offline_acceptance(ScriptedDrafter([ids + target], len(tokenizer)), ids, target, k=4)
+    exact = replay_acceptance(ScriptedDrafter([ids + target], len(tokenizer)), ids, target, k=4)
     # Steps at 0, 5, 10, 15: 4 drafted, 4 accepted, plus the bonus token each.
     assert exact.alpha == 1.0 and exact.pos_trials == exact.pos_accepted == [4, 4, 4, 4]
     assert exact.committed == 20 and exact.steps == 4
-    two = offline_acceptance(ScriptedDrafter([ids + target], len(tokenizer), correct=2), ids, target, k=4)
+    two = replay_acceptance(ScriptedDrafter([ids + target], len(tokenizer), correct=2), ids, target, k=4)
     # Each step: 2 accepted, the 3rd position reached and rejected, so commits 3 tokens; 20 = 6 * 3 + 2.
     assert [a / t for a, t in zip(two.pos_accepted, two.pos_trials)] == [1.0, 1.0, 0.0]
     assert two.steps == 7 and two.committed == 20 and two.accepted == 13
     assert two.alpha == pytest.approx(13 / (6 * 3 + 1))  # last step: budget 1, one token drafted and accepted
-    noise = offline_acceptance(RandomTokenDrafter(len(tokenizer)), ids, target, k=4)
+    noise = replay_acceptance(RandomTokenDrafter(len(tokenizer)), ids, target, k=4)
     assert noise.alpha < 0.2 and noise.steps >= 15
 
 

@@ -44,14 +44,14 @@ def test_cancellation(tiny_folder, capsys):
 
 def test_choose_devices(tiny_folder, capsys):
     out = run_example("choose_devices", tiny_folder, capsys, "--device", "cpu", "--dtype", "float32")
-    assert "target on cpu, dtype torch.float32" in out and "drafter: ngram on the host CPU" in out
+    assert "target on torch:cpu (computes on the cpu)" in out and "drafter: ngram on the host CPU" in out
 
 
 def test_choose_devices_with_a_draft_model(tiny_folder, capsys):
     module = importlib.import_module("mirrorsd.apps.examples.choose_devices")
     module.main(["--target", str(tiny_folder), "--draft", str(tiny_folder), "--device", "cpu",
                  "--draft-device", "cpu", "--max-new-tokens", "8"])
-    assert "drafter: torch:cpu on cpu" in capsys.readouterr().out
+    assert "drafter: torch:cpu on the cpu" in capsys.readouterr().out
 
 
 def test_read_stats(tiny_folder, capsys):

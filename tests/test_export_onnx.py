@@ -246,17 +246,22 @@ def test_an_export_on_the_cpu_provider_shares_the_cores_with_a_cpu_target(export
     verifier keeps the rest; an export on Core ML or an NPU provider leaves the verifier every core."""
     from types import SimpleNamespace
 
-    from mirrorsd.runtime.drafters import TorchDraftModel
-    from mirrorsd.runtime.decode.pipeline import CPU_DRAFT_THREADS, draft_on_cpu, overlap_threads
+    from mirrorsd.contracts import computes_on
+    from mirrorsd.runtime.backends.onnx_lm import compute_kind
+    from mirrorsd.runtime.decode.threads import CPU_DRAFT_THREADS, overlap_threads
+    from mirrorsd.runtime.drafters import ModelDrafter
 
     engine = Engine.load(target=str(tiny_folder), draft=str(exports["self-dynamic"]), device="cpu")
     drafter = engine.drafter
     session = next(iter(drafter.lm.sessions.values()))
     assert session.get_session_options().intra_op_num_threads == CPU_DRAFT_THREADS
-    assert draft_on_cpu(drafter)
+    assert computes_on(drafter) == "cpu"
     cores = torch.get_num_threads()
-    assert overlap_threads(torch.device("cpu"), drafter) == (max(1, cores - CPU_DRAFT_THREADS), CPU_DRAFT_THREADS)
-    assert overlap_threads(torch.device("cuda"), drafter) is None
-    for provider in ("coreml", "QNNExecutionProvider", "OpenVINOExecutionProvider"):
-        on_npu = TorchDraftModel(SimpleNamespace(provider=provider, device=torch.device("cpu")), name="npu")
-        assert not draft_on_cpu(on_npu) and overlap_threads(torch.device("cpu"), on_npu) is None
+    assert overlap_threads(engine.verifier, drafter) == (max(1, cores - CPU_DRAFT_THREADS), CPU_DRAFT_THREADS)
+    on_gpu = SimpleNamespace(computes_on="gpu", threads=None)
+    assert overlap_threads(on_gpu, drafter) is None
+    for provider in ("CoreMLExecutionProvider", "QNNExecutionProvider", "OpenVINOExecutionProvider"):
+        assert compute_kind(provider) == "npu"
+        on_npu = ModelDrafter(SimpleNamespace(backend=provider, computes_on=compute_kind(provider)), name="npu")
+        assert computes_on(on_npu) == "npu" and overlap_threads(engine.verifier, on_npu) is None
+    assert compute_kind("CUDAExecutionProvider") == "gpu" and compute_kind("CPUExecutionProvider") == "cpu"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mirrorsd.runtime.decode.schedule import SpeculationGate
+from mirrorsd.runtime.decode.gate import SpeculationGate
 
 
 def run_steps(gate, n, drafted_rate, plain_rate):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mirrorsd import Engine, GenerationConfig, catalog
-from mirrorsd.runtime.drafters import NGramDrafter, TorchDraftModel
+from mirrorsd.runtime.drafters import NGramDrafter, ModelDrafter
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from drafters_for_tests import RandomTokenDrafter
 
@@ -43,7 +43,7 @@ def test_greedy_equality_on_smollm2(smol, kind):
             target_only = smol.generate(ids, cfg)
             assert target_only.token_ids == hf_greedy(smol, ids, 48)
             smol.drafter = {"ngram": NGramDrafter, "random": lambda: RandomTokenDrafter(smol.verifier.vocab_size),
-                            "self-draft": lambda: TorchDraftModel(TorchCausalLM(smol.verifier.model))}[kind]()
+                            "self-draft": lambda: ModelDrafter(TorchCausalLM(smol.verifier.model))}[kind]()
             spec = smol.generate(ids, cfg)
             assert spec.token_ids == target_only.token_ids, messages
             if kind == "self-draft":  # the target as its own draft: every drafted token is accepted

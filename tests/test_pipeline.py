@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from mirrorsd import Engine, FinishEvent, GenerationConfig
+from mirrorsd.contracts import ExitRequest
 from mirrorsd.errors import ConfigError
-from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, TorchDraftModel
+from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, ModelDrafter
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from drafters_for_tests import FailingDrafter, RandomTokenDrafter
 from test_engine_greedy import PROMPTS, datastore, hf_greedy  # noqa: F401 (datastore: a fixture)
@@ -38,8 +39,8 @@ def expected(target_model, tokenizer):
 
 def drafter_for(kind, target_model, other_model, tokenizer, datastore=None):
     return {
-        "self": lambda: TorchDraftModel(TorchCausalLM(target_model)),
-        "other-model": lambda: TorchDraftModel(TorchCausalLM(other_model)),
+        "self": lambda: ModelDrafter(TorchCausalLM(target_model)),
+        "other-model": lambda: ModelDrafter(TorchCausalLM(other_model)),
         "random": lambda: RandomTokenDrafter(len(tokenizer)),
         "ngram": lambda: NGramDrafter(max_ngram=3, min_ngram=1),
         "chain": lambda: ChainDrafter(NGramDrafter(), RetrievalDrafter(datastore)),
@@ -74,9 +75,9 @@ def test_greedy_equals_target_only_in_every_mode(mode, kind, adaptive, target_mo
 def test_branches_hit_when_the_early_exit_layer_is_the_last(target_model, other_model, tokenizer, expected):
     """With l_e at the last layer the early-exit candidates are the target's own top tokens, so the
     correction after a rejection is almost always a prepared branch."""
-    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
     engine.eos_ids = frozenset()
-    last = engine.verifier.num_layers
+    last = engine.verifier.early_exit.num_layers
     with pytest.raises(ConfigError):
         engine.generate(PROMPTS[0], GenerationConfig(pipeline="branches", early_exit_layer=last))
     # The hook at layer L-1 of 2 still reads the LM head through the final norm: a strong hint on this model.
@@ -96,9 +97,10 @@ def test_early_exit_hook_leaves_logits_bit_identical_and_reads_layer_le(target_m
     plain = lm.score(ids[:-3], ids[-3:])
     lm.reset()
     seen = []
-    hooked = lm.score(ids[:-3], ids[-3:], early_exit=(1, 5, lambda i, lp: seen.append((i, lp))))
+    hooked = lm.early_exit.score_with_exit(ids[:-3], ids[-3:], ExitRequest(1, 5, lambda i, lp: seen.append((i, lp))))
     assert torch.equal(plain, hooked)
     (top_ids, top_logp), = seen
+    top_ids, top_logp = torch.from_numpy(top_ids), torch.from_numpy(top_logp)
     assert top_ids.shape == (4, 5) and top_logp.shape == (4, 5)
     with torch.no_grad():
         hidden = target_model(torch.tensor([ids]), output_hidden_states=True).hidden_states[1][0, -4:]
@@ -111,7 +113,7 @@ def test_early_exit_hook_leaves_logits_bit_identical_and_reads_layer_le(target_m
 def test_seeded_sampling_reproduces_the_sequential_loop_exactly(mode, target_model, other_model, tokenizer):
     """Draft draws are keyed by their context and K does not depend on timing when seeded, so the
     pipeline takes exactly the sequential loop's path: same tokens, whatever ran ahead or was discarded."""
-    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
     engine.eos_ids = frozenset()
     for seed in range(4):
         base = dict(temperature=0.9, max_new_tokens=30, num_draft_tokens=3, seed=seed)
@@ -184,7 +186,7 @@ def test_hung_drafter_is_not_shared_with_the_next_request(target_model, tokenize
 @pytest.mark.parametrize("mode", MODES)
 def test_cancel_mid_stream_stops_the_worker_and_keeps_caches_consistent(mode, target_model, other_model,
                                                                           tokenizer, expected):
-    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
     engine.eos_ids = frozenset()
     cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=3, pipeline=mode, early_exit_layer=1)
     stream = engine.stream(PROMPTS[2], cfg)
@@ -199,7 +201,7 @@ def test_cancel_mid_stream_stops_the_worker_and_keeps_caches_consistent(mode, ta
 
 
 def test_trace_file_has_both_lanes_and_stats_account_for_overlap(tmp_path, target_model, other_model, tokenizer):
-    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
     engine.eos_ids = frozenset()
     path = tmp_path / "trace.json"
     result = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=30, pipeline="branches",
@@ -218,7 +220,7 @@ def test_trace_file_has_both_lanes_and_stats_account_for_overlap(tmp_path, targe
 
 def test_greedy_through_pipeline_with_eos_and_stop_strings(target_model, other_model, tokenizer):
     """Stops found mid-step end the stream with the same text in every mode."""
-    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
     texts = set()
     for mode in MODES:
         cfg = GenerationConfig(max_new_tokens=40, pipeline=mode, stop=("e",), early_exit_layer=1)
@@ -237,7 +239,7 @@ def test_bad_pipeline_mode_is_a_config_error():
 
 def test_cpu_threads_are_split_and_restored(target_model, other_model, tokenizer):
     before = torch.get_num_threads()
-    engine = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
     engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=10, pipeline="overlap"))
     assert torch.get_num_threads() == before
 
@@ -264,7 +266,7 @@ def test_speculation_switches_itself_off_when_it_does_not_pay(mode, target_model
     wait_for_no_draft_threads()
 
 
-class SlowDraftModel(TorchDraftModel):
+class SlowDraftModel(ModelDrafter):
     """A draft model on a slow device: 30 ms per drafted token, far slower than a tiny verify pass."""
 
     def propose_iter(self, committed, max_tokens):
@@ -297,14 +299,14 @@ def test_auto_overlaps_only_a_draft_that_computes_apart_from_the_target(target_m
     from types import SimpleNamespace
 
     cfg = GenerationConfig(pipeline="auto")
-    on_cpu = Engine(target_model, tokenizer, TorchDraftModel(TorchCausalLM(other_model)))
+    on_cpu = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
     assert on_cpu.pipeline_mode(cfg) == "sequential"
     assert on_cpu.pipeline_mode(GenerationConfig(pipeline="overlap")) == "overlap"  # asked for: honoured
     assert Engine(target_model, tokenizer, NGramDrafter()).pipeline_mode(cfg) == "sequential"
-    for lm in (SimpleNamespace(provider="QNNExecutionProvider", device=torch.device("cpu")),
-               SimpleNamespace(provider="coreml", device=torch.device("cpu")),
-               SimpleNamespace(device=torch.device("mps"))):
-        apart = Engine(target_model, tokenizer, TorchDraftModel(lm, name="elsewhere"))
+    for lm in (SimpleNamespace(backend="onnx:QNN", computes_on="npu"),
+               SimpleNamespace(backend="coreml", computes_on="npu"),
+               SimpleNamespace(backend="torch:mps", computes_on="gpu")):
+        apart = Engine(target_model, tokenizer, ModelDrafter(lm, name="elsewhere"))
         assert apart.pipeline_mode(cfg) == "overlap", lm
 
 
@@ -315,14 +317,14 @@ def test_core_sharing_gives_the_verifier_the_draft_threads_while_the_worker_is_i
     from types import SimpleNamespace
 
     from conftest import make_model
-    from mirrorsd.runtime.decode.pipeline import CoreSharing
+    from mirrorsd.runtime.decode.threads import CoreSharing
 
     model = make_model(tokenizer, seed=0)
     seen: list[int] = []
     probe = model.model.layers[-1].register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
     worker = SimpleNamespace(drafting=True)
     before = torch.get_num_threads()
-    sharing = CoreSharing(model, worker, (1, 2))
+    sharing = CoreSharing(TorchCausalLM(model).threads, lambda: worker.drafting, (1, 2))
     ids = torch.tensor([[3, 4, 5]])
     try:
         with torch.inference_mode():
@@ -345,4 +347,4 @@ def test_core_sharing_gives_the_verifier_the_draft_threads_while_the_worker_is_i
         sharing.close()
         probe.remove()
         torch.set_num_threads(before)
-    assert not sharing.handles and not model.model.layers[0]._forward_pre_hooks
+    assert sharing._remove is None and not model.model.layers[0]._forward_pre_hooks

@@ -7,11 +7,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from mirrorsd import Draft, GenerationConfig, verify
+from mirrorsd import Draft, SamplingParams, verify
 from mirrorsd.sampling import next_token_scores
 from reference import process, verify_reference
 
-GREEDY = GenerationConfig()
+GREEDY = SamplingParams()
 V = 8
 
 
@@ -47,14 +47,14 @@ def test_empty_draft_is_a_plain_decode_step():
 
 def test_greedy_repetition_penalty_changes_the_target_choice():
     logits = torch.tensor([[0.0, 2.0, 1.9, 0, 0, 0, 0, 0]])
-    cfg = GenerationConfig(repetition_penalty=1.5)
+    cfg = SamplingParams(repetition_penalty=1.5)
     assert verify(Draft.empty(), logits, cfg, np.random.default_rng(0), history=[1]) == (0, [2])
     assert verify(Draft.empty(), logits, GREEDY, np.random.default_rng(0), history=[1]) == (0, [1])
 
 
 # -- sampling, degenerate ----------------------------------------------------------------------------
 
-SAMPLE = GenerationConfig(temperature=1.0)
+SAMPLE = SamplingParams(temperature=1.0)
 
 
 def test_sampling_certain_target_accepts_everything():
@@ -74,7 +74,7 @@ def test_sampling_token_impossible_for_target_is_always_rejected():
 
 def test_sampling_top_k_removes_tokens_from_p():
     logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, 0, 0, 0, 0]] * 2)
-    cfg = GenerationConfig(temperature=1.0, top_k=2)
+    cfg = SamplingParams(temperature=1.0, top_k=2)
     for seed in range(50):
         n, new = verify(Draft([2], None, "t"), logits, cfg, np.random.default_rng(seed))
         assert n == 0 and new[0] in (0, 1)
@@ -97,7 +97,7 @@ def test_processing_matches_transformers(temperature, top_k, top_p, penalty):
     if top_p < 1:
         procs.append(TopPLogitsWarper(top_p))
     expected = torch.softmax(procs(torch.tensor([history]), logits.clone()), dim=-1)
-    cfg = GenerationConfig(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=penalty)
+    cfg = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=penalty)
     ours = next_token_scores(logits, cfg, history)
     torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-5)
     ref = process(logits[0].numpy(), history, temperature, top_k, top_p, penalty)
@@ -151,9 +151,9 @@ def test_statistical_test_catches_a_verifier_that_skips_the_residual():
 
 # -- seeded determinism against the numpy reference ---------------------------------------------------
 
-@pytest.mark.parametrize("cfg", [GenerationConfig(temperature=0.8, seed=7),
-                                 GenerationConfig(temperature=1.1, top_k=4, top_p=0.9, repetition_penalty=1.3, seed=7),
-                                 GenerationConfig(seed=7)], ids=["plain", "all-processors", "greedy"])
+@pytest.mark.parametrize("cfg", [SamplingParams(temperature=0.8, seed=7),
+                                 SamplingParams(temperature=1.1, top_k=4, top_p=0.9, repetition_penalty=1.3, seed=7),
+                                 SamplingParams(seed=7)], ids=["plain", "all-processors", "greedy"])
 def test_seeded_verify_matches_numpy_reference_exactly(cfg):
     r = np.random.default_rng(0)
     ours_rng, ref_rng = np.random.default_rng(cfg.seed), np.random.default_rng(cfg.seed)

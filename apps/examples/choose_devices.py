@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.apps.examples._args import parser
+from mirrorsd.contracts import computes_on
 from mirrorsd.devices import best_torch_device
 
 
@@ -22,10 +23,10 @@ def main(argv: list[str] | None = None) -> None:
     with Engine.load(target=args.target, draft=args.draft, device=args.device, draft_device=args.draft_device,
                      dtype=args.dtype) as engine:
         drafter = engine.drafter
-        print(f"target on {engine.verifier.device}, dtype {next(engine.verifier.model.parameters()).dtype}")
-        lm = getattr(drafter, "lm", None)
+        print(f"target on {engine.verifier.backend} (computes on the {engine.verifier.computes_on})")
+        where = computes_on(drafter)
         print("drafter: " + ("none" if drafter is None else
-                             f"{drafter.name} on {lm.device}" if lm is not None else f"{drafter.name} on the host CPU"))
+                             f"{drafter.name} on the {where}" if where else f"{drafter.name} on the host CPU"))
         result = engine.generate("Hello", GenerationConfig(max_new_tokens=args.max_new_tokens))
         print(f"generated {len(result.token_ids)} tokens; steps served by {result.stats.drafters}")
 

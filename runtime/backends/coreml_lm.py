@@ -3,7 +3,7 @@
 Core ML predicts only on macOS; elsewhere loading raises ProviderError. The state (key/value cache
 of max_context slots) lives inside Core ML; the host keeps the pointer: each token is written at
 `position`, the mask hides every slot past it, so rolling back rejected draft tokens is moving the
-pointer (HostCacheLM), exactly as with the ONNX drafter.
+pointer (PrefixCachedLM), exactly as with the ONNX drafter.
 """
 
 from __future__ import annotations
@@ -12,14 +12,21 @@ import platform
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from mirrorsd.errors import ExportError, ProviderError
 from mirrorsd.export_format import MASK_MIN
-from mirrorsd.runtime.backends.base import HostCacheLM
+from mirrorsd.runtime.backends.base import PrefixCachedLM
 
 
-class CoreMLCausalLM(HostCacheLM):
-    provider = "coreml"
+class CoreMLCausalLM(PrefixCachedLM):
+    """CausalLM over a stateful Core ML package (compute units CPU_AND_NE by default: the Neural Engine)."""
+
+    backend = "coreml"
+    computes_on = "npu"
+    context_hint = "re-export with a larger --max-context"
+    early_exit = None
+    threads = None
 
     def __init__(self, folder: str | Path, manifest: dict, compute_units: str | None = None) -> None:
         super().__init__()
@@ -42,12 +49,12 @@ class CoreMLCausalLM(HostCacheLM):
         self.vocab_size = int(manifest["dims"]["vocab"])
         self._state = self.model.make_state()
 
-    def reset(self) -> None:
-        super().reset()
-        self._state = self.model.make_state()
+    def _drop(self, length: int) -> None:
+        if length == 0:  # otherwise the pointer (len(_cached)) moves: later slots are masked
+            self._state = self.model.make_state()
 
-    def _feed(self, new: list[int]) -> np.ndarray:
-        rows = []
+    def _feed(self, new: list[int], rows: int) -> torch.Tensor:
+        logits = []
         for token in new:
             p = len(self._cached)
             mask = np.full((1, 1, 1, self.max_context), MASK_MIN, dtype=np.float16)
@@ -55,6 +62,6 @@ class CoreMLCausalLM(HostCacheLM):
             out = self.model.predict({"input_ids": np.array([[token]], dtype=np.int32),
                                       "position": np.array([p], dtype=np.int32), "attention_mask": mask},
                                      state=self._state)
-            rows.append(np.asarray(out["logits"], dtype=np.float32).reshape(-1))
+            logits.append(np.asarray(out["logits"], dtype=np.float32).reshape(-1))
             self._cached.append(token)
-        return np.stack(rows)
+        return torch.from_numpy(np.stack(logits[-rows:]))

@@ -3,7 +3,8 @@
 The graphs take the cache in and give back only the new tokens' keys/values (see
 mirrorsd.exporters.decoder). This class keeps the cache in numpy arrays and writes each block's new
 keys/values at the write pointer; reconciling with the token history and rollback by pointer are
-HostCacheLM's.
+PrefixCachedLM's (rollback is moving the write pointer: slots past it are masked out and overwritten
+by the next tokens written there).
 
 NPU profile: every call uses a fixed shape (cache of max_context slots; a block of 1 token, or a
 padded prefill chunk when several tokens are missing), as QNN / OpenVINO NPU require.
@@ -16,17 +17,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from mirrorsd.errors import ExportError, ProviderError
 from mirrorsd.export_format import block_mask, io_names
-from mirrorsd.runtime.backends.base import HostCacheLM
+from mirrorsd.runtime.backends.base import PrefixCachedLM
 
+SHORT = {"CPUExecutionProvider": "CPU", "CoreMLExecutionProvider": "CoreML", "QNNExecutionProvider": "QNN",
+         "OpenVINOExecutionProvider": "OpenVINO", "DmlExecutionProvider": "DML", "VitisAIExecutionProvider": "VitisAI",
+         "CUDAExecutionProvider": "CUDA"}
+GPU_PROVIDERS = frozenset({"CUDAExecutionProvider", "DmlExecutionProvider"})
 PREFILL_MIN = 4  # missing tokens from which a padded prefill chunk beats that many decode steps
 
 
-class OnnxCausalLM(HostCacheLM):
-    """score(committed, draft) -> logits [k+1, V] as torch.Tensor (the TorchCausalLM interface the
-    draft-model drafter uses), over one or two ONNX Runtime sessions."""
+class OnnxCausalLM(PrefixCachedLM):
+    """CausalLM over one or two ONNX Runtime sessions of an export; logits come back on the host."""
+
+    context_hint = "re-export with a larger --max-context"
+    early_exit = None
+    threads = None  # intra-op threads are fixed when the session is made
 
     def __init__(self, folder: str | Path, manifest: dict, provider: str = "CPUExecutionProvider",
                  provider_options: dict | None = None, threads: int | None = None,
@@ -45,12 +54,17 @@ class OnnxCausalLM(HostCacheLM):
         self.blocks = {name: g["block"] for name, g in manifest["graphs"].items()}
         self.sessions = make_sessions(self.folder, manifest, provider, provider_options, threads)
         self.provider = provider_name(provider)
+        self.backend = f"onnx:{SHORT.get(self.provider, self.provider)}"
+        self.computes_on = compute_kind(self.provider)
         self._record = record
         shape = (self.layers * 2, 1, int(dims["kv_heads"]), self.max_context, int(dims["head_dim"]))
         self._kv = np.zeros(shape, dtype=np.float32)  # [2 * layers, 1, n_kv, slots, d]; k0, v0, k1, ...
 
-    def _feed(self, new: list[int]) -> np.ndarray:
-        """Run the missing tokens through the graphs; logits [len(new), V]."""
+    def _drop(self, length: int) -> None:
+        pass  # the pointer is len(_cached): slots past it are masked and overwritten
+
+    def _feed(self, new: list[int], rows: int) -> torch.Tensor:
+        """Run the missing tokens through the graphs; logits [rows, V] of the last rows."""
         out: list[np.ndarray] = []
         while new:
             if self.profile == "npu":
@@ -62,7 +76,7 @@ class OnnxCausalLM(HostCacheLM):
             n = min(block, len(new))
             out.append(self._run_block(name, new[:n], block)[:n])
             new = new[n:]
-        return np.concatenate(out)
+        return torch.from_numpy(np.ascontiguousarray(np.concatenate(out)[-rows:], dtype=np.float32))
 
     def _run_block(self, name: str, block_tokens: list[int], block: int) -> np.ndarray:
         p, n = len(self._cached), len(block_tokens)
@@ -89,6 +103,11 @@ class OnnxCausalLM(HostCacheLM):
             self._kv[j, :, :, p:p + n] = result[1 + j][:, :, :n]
         self._cached.extend(block_tokens)
         return result[0][0]  # [block, V]
+
+
+def compute_kind(provider: str) -> str:
+    """Whose compute an ONNX Runtime provider uses: the CPU's, a GPU's, or (every other one) an NPU's."""
+    return "cpu" if provider == "CPUExecutionProvider" else "gpu" if provider in GPU_PROVIDERS else "npu"
 
 
 def calibration_feeds(folder: Path, blocks: dict[str, int | None], max_context: int, dims: dict,

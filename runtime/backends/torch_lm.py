@@ -1,9 +1,9 @@
-"""A transformers causal LM on one torch device with a truncatable KV cache.
+"""The torch backend: a transformers causal LM on one torch device (the float32 reference).
 
-The verifier is one of these; so is the state of the torch draft-model drafter. `score` reconciles
-the cache with the caller's token history (longest common prefix, then truncate), feeds only what
-the cache lacks, and returns logits for the last committed token and each draft token. Rollback
-after a rejection is therefore implicit: the next call truncates to what was committed.
+Cache reconciliation and rollback are PrefixCachedLM's; this class feeds tokens through the model with
+a transformers DynamicCache and declares two capabilities: early exit (Llama/Qwen2/Mistral: the final
+norm and LM head read at an intermediate layer, Mirror-SD) and thread control (torch's per-thread CPU
+threads, switched between decoder layers).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from mirrorsd.errors import PromptError, RollbackUnsupportedError
+from mirrorsd.contracts import ExitRequest
+from mirrorsd.errors import RollbackUnsupportedError
+from mirrorsd.runtime.backends.base import PrefixCachedLM
 
 log = logging.getLogger("mirrorsd")
 
@@ -24,32 +26,18 @@ EARLY_EXIT_FAMILIES = frozenset({"llama", "qwen2", "mistral"})
 """Decoder-only families whose hidden state after any layer, through the final norm and the LM head,
 reads as next-token logits (no soft-capping or scaled embeddings in between)."""
 
-EarlyExitCallback = Callable[[torch.Tensor, torch.Tensor], None]
-"""Receives (top-kappa token ids [k+1, kappa], their log-probabilities [k+1, kappa]) at layer l_e."""
 
-
-def common_prefix(cached: list[int], tokens: Sequence[int]) -> int:
-    """Length of the longest common prefix of a cache's token history and `tokens` (fast path: the
-    cache is a prefix of them, the usual case when decoding moves forward)."""
-    n = len(cached)
-    if len(tokens) >= n and list(tokens[:n]) == cached:
-        return n
-    i = 0
-    for a, b in zip(cached, tokens):
-        if a != b:
-            break
-        i += 1
-    return i
-
-
-class TorchCausalLM:
-    """Verifier protocol implementation: score(committed, draft) -> [k+1, V], truncate(length)."""
+class TorchCausalLM(PrefixCachedLM):
+    """CausalLM on torch. `model` is the transformers module (None after close())."""
 
     def __init__(self, model: PreTrainedModel, device: torch.device | str | None = None) -> None:
+        super().__init__()
         self.model = model.eval()
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         if next(model.parameters()).device != self.device:
             self.model.to(self.device)
+        self.backend = f"torch:{self.device.type}"
+        self.computes_on = "cpu" if self.device.type == "cpu" else "gpu"
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
         self.max_context: int = int(getattr(cfg, "max_position_embeddings", 0) or 1 << 30)
@@ -57,7 +45,8 @@ class TorchCausalLM:
         # transformers >= 5.2x renamed the forward argument past_key_values -> cache.
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._cache: DynamicCache | None = None
-        self._cached: list[int] = []  # token ids whose keys/values are in the cache
+        self.early_exit = self if _has_early_exit(model) else None
+        self.threads = _TorchThreads(self._layers()) if self.device.type == "cpu" else None
 
     def _check_rollback(self, cfg) -> None:
         """Speculative decoding drops rejected positions from the cache. Full attention truncates
@@ -75,21 +64,51 @@ class TorchCausalLM:
         if sliding and (getattr(cfg, "use_sliding_window", True) or "sliding_attention" in layer_types):
             self.max_context = min(self.max_context, int(sliding))
 
+    def _layers(self) -> list[torch.nn.Module]:
+        """The decoder layers: the longest ModuleList in the model."""
+        return max((m for m in self.model.modules() if isinstance(m, torch.nn.ModuleList)), key=len, default=[])
+
+    # -- CausalLM ----------------------------------------------------------------------------------
+
+    def _drop(self, length: int) -> None:
+        if length == 0:
+            self._cache = None
+        elif self._cache is not None:
+            self._cache.crop(length - len(self._cached))
+
+    @torch.inference_mode()
+    def _feed(self, new: list[int], rows: int, exit_request: ExitRequest | None = None) -> torch.Tensor:
+        if self._cache is None:
+            self._cache = DynamicCache(config=self.model.config)
+        input_ids = torch.tensor([new], dtype=torch.long, device=self.device)  # [1, n_new]
+        hook = self._exit_hook(exit_request, rows) if exit_request else None
+        try:
+            out = self.model(input_ids=input_ids, **{self._cache_kwarg: self._cache}, use_cache=True,
+                             logits_to_keep=rows)
+        finally:
+            if hook is not None:
+                hook.remove()
+        self._cached.extend(new)
+        return out.logits[0, -rows:].float()  # [rows, V]
+
+    def close(self) -> None:
+        self.reset()
+        self.model = None
+
+    # -- EarlyExit ---------------------------------------------------------------------------------
+
     @property
     def num_layers(self) -> int:
-        return len(self.model.model.layers) if self.supports_early_exit else 0
+        return len(self.model.model.layers)
 
-    @property
-    def supports_early_exit(self) -> bool:
-        """Mirror-SD's early exit: read the LM head at an intermediate layer during the verify pass."""
-        inner = getattr(self.model, "model", None)
-        return (self.model.config.model_type in EARLY_EXIT_FAMILIES and hasattr(inner, "layers")
-                and hasattr(inner, "norm") and self.model.get_output_embeddings() is not None)
+    def score_with_exit(self, committed: Sequence[int], draft: Sequence[int], request: ExitRequest) -> torch.Tensor:
+        """score(), publishing the layer-l_e top-kappa of each of the k+1 rows midway through the pass."""
+        return self._score(committed, draft, exit_request=request)
 
-    def _early_exit_hook(self, layer: int, kappa: int, rows: int, callback: EarlyExitCallback):
-        """A forward hook on decoder layer `layer` - 1: the final norm and LM head applied to its output
-        for the last `rows` positions, top-kappa handed to `callback` before the remaining layers run.
-        The main forward is untouched, so the final logits are bit-identical to a pass without it."""
+    def _exit_hook(self, request: ExitRequest, rows: int):
+        """A forward hook on decoder layer l_e - 1: the final norm and LM head applied to its output for
+        the last `rows` positions, top-kappa published before the remaining layers run. The main forward
+        is untouched, so the final logits are bit-identical to a pass without it."""
         norm, head = self.model.model.norm, self.model.get_output_embeddings()
         owner = threading.get_ident()  # a draft worker may run the same model object concurrently
 
@@ -99,74 +118,40 @@ class TorchCausalLM:
             try:
                 hidden = output[0] if isinstance(output, tuple) else output  # [1, n, hidden]
                 logits = head(norm(hidden[0, -rows:])).float()  # [rows, V]
-                logp, ids = torch.topk(torch.log_softmax(logits, dim=-1), kappa, dim=-1)  # [rows, kappa]
-                callback(ids, logp)
+                logp, ids = torch.topk(torch.log_softmax(logits, dim=-1), request.kappa, dim=-1)  # [rows, kappa]
+                request.publish(ids.cpu().numpy(), logp.cpu().numpy())
             except Exception as exc:  # a hint must never break verification
-                log.warning("early exit at layer %d failed: %s", layer, exc)
+                log.warning("early exit at layer %d failed: %s", request.layer, exc)
 
-        return self.model.model.layers[layer - 1].register_forward_hook(hook)
+        return self.model.model.layers[request.layer - 1].register_forward_hook(hook)
 
-    def reset(self) -> None:
-        self._cache = None
-        self._cached = []
 
-    def truncate(self, length: int) -> None:
-        """Drop cached positions >= length (a no-op when the cache is already that short)."""
-        if length < 0:
-            raise ValueError(f"cannot truncate to a negative length ({length})")
-        extra = len(self._cached) - length
-        if extra <= 0:
-            return
-        if length == 0:
-            self.reset()
-            return
-        try:
-            self._cache.crop(-extra)
-        except BaseException:  # interrupted midway (Ctrl-C): layers may differ in length now
-            self.reset()
-            raise
-        del self._cached[length:]
+def _has_early_exit(model: PreTrainedModel) -> bool:
+    """Llama-family layout: model.model.layers and model.model.norm, then the LM head."""
+    inner = getattr(model, "model", None)
+    return (model.config.model_type in EARLY_EXIT_FAMILIES and isinstance(getattr(inner, "layers", None),
+            torch.nn.ModuleList) and isinstance(getattr(inner, "norm", None), torch.nn.Module)
+            and model.get_output_embeddings() is not None)
 
-    def _common_prefix(self, tokens: Sequence[int]) -> int:
-        return common_prefix(self._cached, tokens)
 
-    @torch.inference_mode()
-    def score(self, committed: Sequence[int], draft: Sequence[int] = (),
-              early_exit: tuple[int, int, EarlyExitCallback] | None = None) -> torch.Tensor:
-        """Logits [k+1, V] (float32): row i is the distribution after committed + draft[:i].
+class _TorchThreads:
+    """ThreadControl for a CPU torch model: torch's intra-op threads are per calling thread (OpenMP)."""
 
-        early_exit: (layer l_e, kappa, callback) to publish the top-kappa tokens of each of the k+1
-        rows at layer l_e, midway through this pass (see supports_early_exit)."""
-        if not committed:
-            raise PromptError("cannot score an empty context", "give the model at least one prompt token")
-        tokens = list(committed) + list(draft)
-        if len(tokens) > self.max_context:
-            raise PromptError(
-                f"{len(tokens)} tokens exceed the model's context window of {self.max_context}",
-                "shorten the prompt or lower max_new_tokens",
-            )
-        # Keep at least the last committed token to feed: its logits start the result.
-        keep = min(self._common_prefix(tokens), len(committed) - 1)
-        self.truncate(keep)
-        new = tokens[keep:]
-        if self._cache is None:
-            self._cache = DynamicCache(config=self.model.config)
-        input_ids = torch.tensor([new], dtype=torch.long, device=self.device)  # [1, n_new]
-        hook = self._early_exit_hook(early_exit[0], early_exit[1], len(draft) + 1, early_exit[2]) if early_exit else None
-        try:
-            out = self.model(
-                input_ids=input_ids,
-                **{self._cache_kwarg: self._cache},
-                use_cache=True,
-                logits_to_keep=len(draft) + 1,
-            )
-            self._cached.extend(new)
-        except BaseException:
-            # Interrupted mid-forward (Ctrl-C, out of memory): some layers may have appended to the
-            # cache and others not, so it no longer matches _cached. Start the next request afresh.
-            self.reset()
-            raise
-        finally:
-            if hook is not None:
-                hook.remove()
-        return out.logits[0, -(len(draft) + 1):].float()  # [k+1, V]
+    def __init__(self, layers: list[torch.nn.Module]) -> None:
+        self.layers = layers
+
+    def get_threads(self) -> int:
+        return torch.get_num_threads()
+
+    def set_threads(self, n: int) -> None:
+        torch.set_num_threads(n)
+
+    def between_layers(self, callback: Callable[[], None]) -> Callable[[], None]:
+        owner = threading.get_ident()
+
+        def before(module, args) -> None:
+            if threading.get_ident() == owner:
+                callback()
+
+        handles = [layer.register_forward_pre_hook(before) for layer in self.layers]
+        return lambda: [h.remove() for h in handles]

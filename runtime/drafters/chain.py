@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import Draft
+from mirrorsd.contracts import Draft, LearningDrafter
 
 OPTIMISTIC = 4.0  # expected accepted tokens before a (drafter, match length) has any history
 DECAY = 0.8
@@ -52,5 +52,5 @@ class ChainDrafter:
 
     def finish(self, prompt_ids: Sequence[int], generated: Sequence[int]) -> None:
         for d in self.drafters:
-            if hasattr(d, "finish"):
+            if isinstance(d, LearningDrafter):
                 d.finish(prompt_ids, generated)

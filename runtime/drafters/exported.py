@@ -1,9 +1,9 @@
 """Drafters from exported drafts (mirrorsd.exporters): ONNX Runtime on a chosen provider, or Core ML.
 
-The export is an LM with the TorchCausalLM interface (score / reset / max_context), so the draft
-loop, greedy or sampling with q reported for lossless verification, is TorchDraftModel's. What
-this module adds is loading: manifest, tokenizer check against the target, placement of the draft
-on a backend (mirrorsd.devices.placement), and the search for exports when `--draft auto`.
+The export loads as a CausalLM (runtime/backends/exported.py), so the draft loop, greedy or sampling
+with q reported for lossless verification, is ModelDrafter's. What this module adds: the tokenizer
+check against the target, placement of the draft on a backend (mirrorsd.devices.placement), and the
+search for exports when `--draft auto`.
 """
 
 from __future__ import annotations
@@ -12,14 +12,10 @@ import logging
 from pathlib import Path
 
 from mirrorsd.export_format import MANIFEST, check_tokenizer, read_manifest
-from mirrorsd.runtime.drafters.model import TorchDraftModel
+from mirrorsd.runtime.backends.exported import load_export_lm
+from mirrorsd.runtime.drafters.model import ModelDrafter
 
 log = logging.getLogger("mirrorsd")
-
-SHORT = {"CPUExecutionProvider": "CPU", "CoreMLExecutionProvider": "CoreML", "QNNExecutionProvider": "QNN",
-         "OpenVINOExecutionProvider": "OpenVINO", "DmlExecutionProvider": "DML", "VitisAIExecutionProvider": "VitisAI",
-         "CUDAExecutionProvider": "CUDA"}
-
 
 def exports_dir() -> Path:
     """Where `--draft auto` looks for exports: <cache>/exports/<name>/manifest.json."""
@@ -49,24 +45,8 @@ def find_exports(target_tokenizer, folder: Path | None = None) -> list[tuple[Pat
     return found
 
 
-def load_export_lm(path: str | Path, manifest: dict, backend: str, threads: int | None = None):
-    """The export as an LM on `backend` ("coreml" or an ONNX Runtime provider name)."""
-    if manifest["format"] == "coreml":
-        from mirrorsd.runtime.backends.coreml_lm import CoreMLCausalLM
-
-        return CoreMLCausalLM(path, manifest)
-    from mirrorsd.runtime.backends.onnx_lm import OnnxCausalLM
-
-    return OnnxCausalLM(path, manifest, backend, threads=threads)
-
-
-def exported_drafter(lm) -> TorchDraftModel:
-    backend = getattr(lm, "provider", "coreml")
-    return TorchDraftModel(lm, name="coreml" if backend == "coreml" else f"onnx:{SHORT.get(backend, backend)}")
-
-
 def drafter_from_export(path: str | Path, target_tokenizer, target_name: str, draft_device: str | None = None,
-                        threads: int | None = None) -> TorchDraftModel:
+                        threads: int | None = None) -> ModelDrafter:
     """`--draft DIR`: the export in DIR, checked against the target's tokenizer, on the backend the
     placement policy picks (or the one named by draft_device)."""
     from mirrorsd.devices import discover, place
@@ -82,10 +62,10 @@ def drafter_from_export(path: str | Path, target_tokenizer, target_name: str, dr
         raise ProviderError(f"the exported draft in {path} cannot run on {draft_device}: {placement.draft_reason}",
                             "name a backend the export fits (--draft-device cpu runs any ONNX export)")
     log.info("draft %s on %s: %s", path, placement.draft_backend, placement.draft_reason)
-    return exported_drafter(load_export_lm(path, manifest, placement.draft_backend, threads))
+    return ModelDrafter(load_export_lm(path, manifest, placement.draft_backend, threads))
 
 
-def auto_export_drafter(target_tokenizer, draft_device: str | None = None) -> TorchDraftModel | None:
+def auto_export_drafter(target_tokenizer, draft_device: str | None = None) -> ModelDrafter | None:
     """`--draft auto`: an export for this target on an NPU when the placement policy finds one; None
     (the caller serves the model-free chain) otherwise."""
     from mirrorsd.devices import discover, place
@@ -100,4 +80,4 @@ def auto_export_drafter(target_tokenizer, draft_device: str | None = None) -> To
         log.info("draft: %s", placement.draft_reason)
         return None
     manifest = dict(exports)[Path(placement.draft_export)]
-    return exported_drafter(load_export_lm(placement.draft_export, manifest, placement.draft_backend))
+    return ModelDrafter(load_export_lm(placement.draft_export, manifest, placement.draft_backend))

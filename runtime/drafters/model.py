@@ -1,6 +1,7 @@
-"""Independent draft model on torch: the classic pairing (e.g. qwen2.5-coder-0.5b for the 1.5b).
+"""A draft model on any CausalLM backend: the classic pairing (e.g. qwen2.5-coder-0.5b for the 1.5b), in
+torch, exported to ONNX Runtime, or in Core ML.
 
-It keeps its own KV cache (a TorchCausalLM) and reconciles it with the committed history at every
+It keeps its own KV cache (its CausalLM's) and reconciles it with the committed history at every
 proposal, so a rejection on the target side needs no rollback call here. Greedy requests draft by
 argmax (one-hot q); sampling requests draw from the draft's processed distribution and report it as
 q so verify can apply rejection sampling.
@@ -20,15 +21,16 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import Draft
-from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
+from mirrorsd.contracts import CausalLM, Draft
 from mirrorsd.sampling import next_token_scores, sample_categorical
 
 
-class TorchDraftModel:
-    def __init__(self, lm: TorchCausalLM, name: str | None = None) -> None:
+class ModelDrafter:
+    """Implements mirrorsd.contracts.DraftModel."""
+
+    def __init__(self, lm: CausalLM, name: str | None = None) -> None:
         self.lm = lm
-        self.name = name or f"torch:{lm.device.type}"
+        self.name = name or lm.backend
         self._config = GenerationConfig()
         self._rng = np.random.default_rng()
 
@@ -49,7 +51,7 @@ class TorchDraftModel:
         context = list(committed)
         for _ in range(min(max_tokens, self.lm.max_context - len(context))):
             logits = self.lm.score(context)  # [1, V]; feeds only what the cache lacks
-            scores = next_token_scores(logits, cfg, context)[0]  # [V]
+            scores = next_token_scores(logits, cfg.sampling, context)[0]  # [V]
             if cfg.greedy:
                 token, q = int(scores.argmax()), None
             else:
@@ -65,3 +67,6 @@ class TorchDraftModel:
 
     def accepted(self, committed: Sequence[int], n_accepted: int) -> None:
         pass  # the next propose() truncates the cache to the committed prefix
+
+    def close(self) -> None:
+        self.lm.close()

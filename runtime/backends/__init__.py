@@ -1,0 +1,69 @@
+"""Model backends: each runs one model on one device behind mirrorsd.contracts.CausalLM.
+
+Adding a backend is one class (a PrefixCachedLM subclass, base.py) and one `register_backend` call;
+the decode loops, the pipeline and the apps take any CausalLM. `Engine.load(target, backend=NAME)` and
+model drafters (`make_drafter`) load through this registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mirrorsd.contracts import CausalLM
+from mirrorsd.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """What a backend's loader returns."""
+
+    lm: CausalLM
+    tokenizer: object  # a transformers tokenizer: the text <-> token id mapping of the model
+    eos_ids: frozenset[int]  # token ids that end a reply
+
+
+Loader = Callable[..., LoadedModel]
+"""loader(spec, device="auto", dtype="auto", progress=False) -> LoadedModel; spec: a model argument
+(catalog name, folder, .gguf file, hub id) or whatever the backend takes."""
+
+BACKENDS: dict[str, Loader] = {}
+
+
+def register_backend(name: str, loader: Loader) -> None:
+    BACKENDS[name] = loader
+
+
+def load_lm(spec: str, backend: str = "torch", device: str | None = "auto", dtype=None,
+            progress: bool = False) -> LoadedModel:
+    """Load `spec` on the named backend."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}", f"use one of: {', '.join(sorted(BACKENDS))}")
+    return BACKENDS[backend](spec, device=device, dtype=dtype, progress=progress)
+
+
+def eos_ids(model, tokenizer) -> frozenset[int]:
+    """EOS ids of a transformers model: its generation config's and its tokenizer's."""
+    ids: set[int] = set()
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is not None:
+        ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(int(i) for i in ids)
+
+
+def _load_torch(spec: str, device: str | None = "auto", dtype=None, progress: bool = False) -> LoadedModel:
+    """The float32 reference backend: transformers on a torch device (CPU linear layers on oneDNN)."""
+    from mirrorsd.devices import parse_dtype, resolve_device
+    from mirrorsd.models import load_model
+    from mirrorsd.runtime.backends.cpu_kernels import use_onednn_linear
+    from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
+
+    dev = resolve_device(device)
+    model, tokenizer = load_model(spec, dev, parse_dtype(dtype, dev), progress)
+    use_onednn_linear(model)
+    return LoadedModel(TorchCausalLM(model, dev), tokenizer, eos_ids(model, tokenizer))
+
+
+register_backend("torch", _load_torch)

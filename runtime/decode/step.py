@@ -1,0 +1,168 @@
+"""The step core: what every decode loop does around one verify step, written once.
+
+A loop (sequential.py, pipeline.py) decides only *where a draft comes from* and *when*. Everything else
+is here: the draft budget, checked drafting with fallback (`DraftSource`), the verify pass and the
+lossless `verify` call, committing, the estimators (K schedule, speculation gate) and the `Step` record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mirrorsd.config import GenerationConfig
+from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, Step
+from mirrorsd.runtime.decode.gate import SpeculationGate
+from mirrorsd.runtime.decode.schedule import make_schedule
+from mirrorsd.runtime.timeline import DRAFT, VERIFY, Timeline
+from mirrorsd.verify import verify
+
+log = logging.getLogger("mirrorsd")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one verify pass decided."""
+
+    n_accepted: int
+    tokens: list[int]  # accepted draft tokens + the correction or bonus token
+    start: float  # perf_counter() when the pass began
+    seconds: float  # score() + verify()
+
+
+class StepCore:
+    """The request's committed history and the estimators every loop shares."""
+
+    def __init__(self, verifier: CausalLM, prompt_ids: Sequence[int], config: GenerationConfig,
+                 max_new_tokens: int, timeline: Timeline | None = None, overlapped: bool = False) -> None:
+        self.verifier, self.config = verifier, config
+        self.timeline = timeline or Timeline()
+        self.rng = np.random.default_rng(config.seed)
+        self.committed = list(prompt_ids)
+        self.max_new_tokens, self.generated = max_new_tokens, 0
+        self.schedule = make_schedule(config, overlapped)
+        # Timing-based switching would change which random numbers a seeded sampling run draws.
+        self.gate = SpeculationGate(enabled=config.greedy or config.seed is None)
+
+    @property
+    def done(self) -> bool:
+        return self.generated >= self.max_new_tokens
+
+    @property
+    def alpha(self) -> float:
+        """The running per-token acceptance estimate of the model drafter."""
+        return self.schedule.acceptance.alpha
+
+    def budget(self) -> int:
+        """Draft tokens this step may carry (0: a plain decode step). The step commits at most k + 1
+        tokens: never draft past the request's budget or the context, nor while the gate is closed."""
+        room = min(self.schedule.k, self.max_new_tokens - self.generated - 1,
+                   self.verifier.max_context - len(self.committed) - 1)
+        return room if room > 0 and self.gate.should_draft() else 0
+
+    def verify(self, draft: Draft, exit_request: ExitRequest | None = None) -> Outcome:
+        """Score the draft in one target pass (publishing early-exit hints if asked) and verify it."""
+        with self.timeline.span(VERIFY, "verify", k=len(draft.tokens)) as span:
+            start = time.perf_counter()
+            if exit_request is None:
+                logits = self.verifier.score(self.committed, draft.tokens)  # [k+1, V]
+            else:
+                logits = self.verifier.early_exit.score_with_exit(self.committed, draft.tokens, exit_request)
+            n_accepted, tokens = verify(draft, logits, self.config.sampling, self.rng, history=self.committed)
+            span["accepted"] = n_accepted
+        return Outcome(n_accepted, tokens, start, time.perf_counter() - start)
+
+    def commit(self, outcome: Outcome) -> None:
+        self.committed.extend(outcome.tokens)
+        self.generated += len(outcome.tokens)
+
+    def learn(self, n_drafted: int, draft_seconds: float, outcome: Outcome, step_seconds: float,
+              schedule: bool = True) -> None:
+        """Feed the estimators after commit(). schedule=False: the step was served by a drafter other
+        than the one the K schedule describes (the pipeline's quick model-free draft)."""
+        measured = self.generated > len(outcome.tokens)  # the first step carries the prompt prefill
+        if schedule:
+            if measured:
+                self.schedule.observe(n_drafted, draft_seconds, outcome.seconds)
+            self.schedule.update(n_drafted, outcome.n_accepted)
+        if measured:
+            self.gate.record(n_drafted > 0, len(outcome.tokens), step_seconds)
+
+
+class DraftSource:
+    """Checked drafting on the calling thread: the drafter until its first fault (an exception, or a
+    draft that breaks the contract), then the fallback, then nothing. A fault costs speed, never output;
+    `take_fault()` reports it once, for the step's record."""
+
+    def __init__(self, drafter: Drafter | None, fallback: Drafter | None, config: GenerationConfig,
+                 vocab_size: int, timeline: Timeline) -> None:
+        self.config, self.vocab_size, self.timeline = config, vocab_size, timeline
+        self.drafter, self.fallback = drafter, fallback
+        self._fault: str | None = None
+        self._start(drafter)
+
+    @property
+    def active(self) -> bool:
+        return self.drafter is not None
+
+    def propose(self, committed: Sequence[int], budget: int) -> Draft:
+        if self.drafter is None or budget <= 0:
+            return Draft.empty()
+        try:
+            with self.timeline.span(DRAFT, f"{self.drafter.name} draft") as span:
+                draft = self.drafter.propose(committed, budget)
+                check_draft(draft, budget, self.vocab_size)
+                span["tokens"] = len(draft.tokens)
+            return draft
+        except Exception as exc:  # a failing drafter costs speed, never output
+            self._drop(exc)
+            return Draft.empty()
+
+    def accepted(self, committed: Sequence[int], n_accepted: int) -> None:
+        if self.drafter is None:
+            return
+        try:
+            self.drafter.accepted(committed, n_accepted)
+        except Exception as exc:
+            self._drop(exc)
+
+    def take_fault(self) -> str | None:
+        fault, self._fault = self._fault, None
+        return fault
+
+    def _drop(self, exc: Exception) -> None:
+        self._fault = drop_message(self.drafter, exc)
+        self.drafter, self.fallback = self.fallback, None
+        self._start(self.drafter)
+
+    def _start(self, drafter: Drafter | None) -> None:
+        if drafter is not None:
+            drafter.start(self.config)
+
+
+def make_step(draft: Draft, outcome: Outcome, draft_seconds: float, fault: str | None,
+              branch: str | None = None) -> Step:
+    return Step(outcome.tokens, len(draft.tokens), outcome.n_accepted, draft.source if draft.tokens else "none",
+                draft_seconds, outcome.seconds, fault, branch)
+
+
+def drop_message(drafter: Drafter, exc: Exception) -> str:
+    """Log that a drafter is dropped for the rest of the request; the reason, for the stats."""
+    reason = f"drafter {drafter.name!r} dropped: {exc}"
+    log.warning("%s; continuing without drafting", reason)
+    return reason
+
+
+def check_draft(draft: Draft, budget: int, vocab_size: int) -> None:
+    """A draft must be short enough, in-vocabulary and carry one q row per token."""
+    k = len(draft.tokens)
+    if k > budget:
+        raise ValueError(f"proposed {k} tokens, more than the {budget} asked for")
+    if any(not (0 <= int(t) < vocab_size) for t in draft.tokens):
+        raise ValueError(f"proposed token ids outside the target vocabulary [0, {vocab_size})")
+    if draft.probs is not None and draft.probs.shape[0] != k:
+        raise ValueError(f"draft probs have {draft.probs.shape[0]} rows for {k} tokens")

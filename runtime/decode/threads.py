@@ -1,0 +1,58 @@
+"""CPU threads when the draft and the target compute on the same CPU: who gets which cores.
+
+Placement decides whether they do (`shares_cpu`); when they do, the pipeline splits the cores
+(`overlap_threads`) and `CoreSharing` lends the draft's threads to the verify pass whenever the draft
+worker is idle. Both need the verifier to declare ThreadControl; without it nothing is switched.
+"""
+
+from __future__ import annotations
+
+from mirrorsd.contracts import CausalLM, ComputeKind, Drafter, ThreadControl, computes_on
+
+CPU_DRAFT_THREADS = 1
+"""Threads a draft computing on the CPU gets while a CPU verifier runs beside it (torch threads of the
+draft worker, or the intra-op threads of an ONNX Runtime session on the CPU provider)."""
+
+
+def shares_cpu(verifier: CausalLM, drafter: Drafter | None) -> bool:
+    """Whether target and draft would both compute on the CPU's cores."""
+    return verifier.computes_on == "cpu" and computes_on(drafter) == "cpu"
+
+
+def cpu_draft_threads(verifier_computes_on: ComputeKind) -> int | None:
+    """Intra-op threads for an export loaded for the CPU provider beside this verifier (None: all)."""
+    return CPU_DRAFT_THREADS if verifier_computes_on == "cpu" else None
+
+
+def overlap_threads(verifier: CausalLM, drafter: Drafter | None) -> tuple[int, int] | None:
+    """(verify, draft) threads when both workers compute on the CPU: CPU_DRAFT_THREADS for the draft, the
+    rest of the verifier's threads for it, and CoreSharing lends it the draft's whenever the draft worker
+    is idle. None when they do not share the CPU (or the verifier's threads cannot be set)."""
+    if not shares_cpu(verifier, drafter) or verifier.threads is None:
+        return None
+    return (max(1, verifier.threads.get_threads() - CPU_DRAFT_THREADS), CPU_DRAFT_THREADS)
+
+
+class CoreSharing:
+    """A work-conserving split of the CPU between the two workers: the verify pass runs on its own
+    threads while the draft worker drafts, and takes the draft's threads too whenever the worker is
+    idle (its lookahead is full), switching between decoder layers. A verify pass is most of a step and
+    runs far faster on every core; drafting K tokens is the short part, so a fixed split would leave the
+    draft's core idle for the rest of the pass."""
+
+    def __init__(self, control: ThreadControl, worker_drafting, threads: tuple[int, int]) -> None:
+        """worker_drafting: a callable, True while the draft worker computes."""
+        self.control, self.worker_drafting, self.threads = control, worker_drafting, threads
+        self.current: int | None = None
+        self._remove = control.between_layers(self._before_layer)
+
+    def _before_layer(self) -> None:
+        want = self.threads[0] + (0 if self.worker_drafting() else self.threads[1])
+        if want != self.current:
+            self.control.set_threads(want)
+            self.current = want
+
+    def close(self) -> None:
+        if self._remove is not None:
+            self._remove()
+            self._remove = None

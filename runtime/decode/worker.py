@@ -1,0 +1,232 @@
+"""The pipeline's draft worker: a thread that owns the drafter, and the messages the two workers exchange.
+
+    verify worker --draft queue-->  draft worker    Rebase / Advance / Extend / Hint / STOP
+    verify worker <--verify queue-- draft worker    Chunk / Stalled / BranchChunk / WorkerFailed
+
+The worker keeps a *lookahead*: tokens drafted past the committed history on the assumption that every
+step is fully accepted (its own guess at each bonus token included), up to `limit`. Given a Hint, it
+also drafts the likeliest early-exit branches (branches.py). Epochs let each side drop stale messages.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mirrorsd.config import GenerationConfig
+from mirrorsd.contracts import Draft, Drafter, DraftModel
+from mirrorsd.runtime.decode.branches import Branch, Hint, plan_branches
+from mirrorsd.runtime.decode.estimates import Ema
+from mirrorsd.runtime.decode.step import check_draft
+from mirrorsd.runtime.timeline import DRAFT, Timeline
+
+# -- messages: verify worker -> draft worker (the draft queue) -------------------------------------
+
+
+@dataclass(frozen=True)
+class Rebase:
+    """The committed history left the lookahead: continue from committed + ahead."""
+    epoch: int
+    committed: tuple[int, ...]
+    ahead: tuple[int, ...]  # draft tokens the verifier already holds past committed (a branch hit)
+    limit: int  # draft up to this absolute sequence length
+    n_accepted: int | None  # feedback for drafter.accepted(); None when the request starts
+
+
+@dataclass(frozen=True)
+class Advance:
+    """The step was fully accepted onto the lookahead: keep drafting it."""
+    committed_len: int
+    limit: int
+    n_accepted: int
+
+
+@dataclass(frozen=True)
+class Extend:
+    """The verifier wants a longer draft than the current limit allows."""
+    limit: int
+
+
+STOP = "stop"
+
+
+# -- messages: draft worker -> verify worker (the verify queue) ------------------------------------
+
+@dataclass(frozen=True)
+class Chunk:
+    epoch: int
+    pos: int  # absolute position of tokens[0]
+    tokens: tuple[int, ...]
+    probs: np.ndarray | None  # [len(tokens), V] q rows, None for one-hot drafts
+
+
+@dataclass(frozen=True)
+class Stalled:
+    epoch: int
+    pos: int  # the drafter proposed nothing at this absolute position
+
+
+@dataclass(frozen=True)
+class BranchChunk:
+    base_len: int  # the step the branch belongs to
+    at: int  # hypothesis: draft tokens [0, at) accepted, the target then committed `correction`
+    correction: int
+    tokens: tuple[int, ...]  # next tokens of the branch, continuing those sent before
+    probs: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    reason: str
+
+
+# -- the draft worker ------------------------------------------------------------------------------
+
+_busy_lock = threading.Lock()
+_busy_drafters: set[int] = set()  # id() of drafters a worker thread is still running (a hung call)
+
+
+@dataclass
+class _State:
+    """What the draft worker knows: the committed history + its lookahead, and what it should draft."""
+    seq: list[int] = field(default_factory=list)
+    epoch: int = -1
+    limit: int = 0
+    stalled: bool = False
+    branches: list[Branch] = field(default_factory=list)  # best first
+    lookahead_score: float = 0.0  # early-exit estimate that the current step lands on the lookahead
+
+    @property
+    def wants_lookahead(self) -> bool:
+        return not self.stalled and len(self.seq) < self.limit
+
+    @property
+    def idle(self) -> bool:
+        return not self.branches and not self.wants_lookahead
+
+
+class DraftWorker:
+    """Owns the drafter on its own thread (see the module docstring for the protocol)."""
+
+    def __init__(self, drafter: Drafter, config: GenerationConfig, timeline: Timeline, vocab_size: int,
+                 threads: int | None = None) -> None:
+        self.drafter, self.config, self.timeline = drafter, config, timeline
+        self.vocab_size, self.threads = vocab_size, threads
+        self.draft_queue: queue.Queue = queue.Queue()
+        self.verify_queue: queue.Queue = queue.Queue()
+        self.cancelled = threading.Event()
+        self.drafting = False  # False while the worker waits for instructions (its cores are free)
+        self.token_seconds = Ema(0.8)  # seconds to draft one token (the only owner of this estimate)
+        self.thread = threading.Thread(target=self._run, name="mirrorsd-draft", daemon=True)
+
+    def start(self) -> bool:
+        """Start the thread, unless a worker of an earlier request is still inside this drafter."""
+        with _busy_lock:
+            if id(self.drafter) in _busy_drafters:
+                return False
+            _busy_drafters.add(id(self.drafter))
+        self.thread.start()
+        return True
+
+    def stop(self, wait: float = 5.0) -> None:
+        """Ask the worker to finish and wait up to `wait` seconds (a hung drafter may outlive this)."""
+        self.cancelled.set()
+        self.draft_queue.put(STOP)
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(wait)
+
+    def _run(self) -> None:
+        try:
+            if self.threads and isinstance(self.drafter, DraftModel) and self.drafter.lm.threads is not None:
+                self.drafter.lm.threads.set_threads(self.threads)  # this thread's; the verifier keeps its own
+            self.drafter.start(self.config)
+            state = _State()
+            while not self.cancelled.is_set():
+                if not self._receive(state):
+                    return
+                self._work(state)
+        except BaseException as exc:  # noqa: BLE001 - whatever kills the worker must reach the verifier
+            self.verify_queue.put(WorkerFailed(f"{type(exc).__name__}: {exc}"))
+        finally:
+            self.drafting = False
+            with _busy_lock:
+                _busy_drafters.discard(id(self.drafter))
+
+    def _receive(self, state: _State) -> bool:
+        """Apply every pending message (waiting for one while idle); False on STOP or cancellation."""
+        if state.idle:
+            self.drafting = False
+        try:
+            msg = self.draft_queue.get(block=state.idle)
+        except queue.Empty:
+            msg = None
+        while msg is not None:
+            if msg == STOP:
+                return False
+            self._apply(msg, state)
+            try:
+                msg = self.draft_queue.get_nowait()
+            except queue.Empty:
+                msg = None
+        return not self.cancelled.is_set()
+
+    def _apply(self, msg, state: _State) -> None:
+        if isinstance(msg, Rebase):
+            if msg.n_accepted is not None:
+                self.drafter.accepted(msg.committed, msg.n_accepted)
+            state.seq = list(msg.committed) + list(msg.ahead)
+            state.epoch, state.limit, state.stalled, state.branches = msg.epoch, msg.limit, False, []
+        elif isinstance(msg, Advance):
+            self.drafter.accepted(state.seq[:msg.committed_len], msg.n_accepted)
+            state.limit, state.branches = msg.limit, []
+        elif isinstance(msg, Extend):
+            state.limit = max(state.limit, msg.limit)
+        elif isinstance(msg, Hint):
+            plan = plan_branches(msg, state.seq, self.token_seconds.value, time.perf_counter())
+            state.branches, state.lookahead_score = plan.branches, plan.lookahead_score
+
+    def _work(self, state: _State) -> None:
+        """One unit of drafting: the best branch while it beats the lookahead, else the lookahead."""
+        self.drafting = not state.idle
+        if state.branches and (not state.wants_lookahead or state.branches[0].score > state.lookahead_score):
+            self._draft_branch(state.branches)
+        elif state.wants_lookahead:
+            tokens, probs = self._draft(state.seq, state.limit - len(state.seq), "lookahead")
+            if tokens:
+                self.verify_queue.put(Chunk(state.epoch, len(state.seq), tuple(tokens), probs))
+                state.seq.extend(tokens)
+            else:
+                state.stalled = True
+                self.verify_queue.put(Stalled(state.epoch, len(state.seq)))
+
+    def _draft(self, context: list[int], max_tokens: int, what: str) -> tuple[list[int], np.ndarray | None]:
+        """A single token from a draft model (so the worker can react to new messages between tokens),
+        or a whole proposal from a model-free drafter."""
+        with self.timeline.span(DRAFT, what) as span:
+            start = time.perf_counter()
+            if isinstance(self.drafter, DraftModel):
+                pairs = list(self.drafter.propose_iter(context, 1))
+                rows = [q for _, q in pairs if q is not None]
+                draft = Draft([t for t, _ in pairs], np.stack(rows) if rows else None, self.drafter.name)
+                check_draft(draft, min(max_tokens, 1), self.vocab_size)
+            else:
+                draft = self.drafter.propose(context, max_tokens)
+                check_draft(draft, max_tokens, self.vocab_size)
+            span["tokens"] = len(draft.tokens)
+        if draft.tokens:
+            self.token_seconds.update((time.perf_counter() - start) / len(draft.tokens))
+        return list(draft.tokens), draft.probs
+
+    def _draft_branch(self, branches: list[Branch]) -> None:
+        branch = branches[0]
+        tokens, probs = self._draft(branch.context, branch.left, f"branch {branch.at}:{branch.correction}")
+        if tokens:
+            self.verify_queue.put(BranchChunk(branch.base_len, branch.at, branch.correction, tuple(tokens), probs))
+            branch.context.extend(tokens)
+            branch.left -= len(tokens)
+        if not tokens or branch.left <= 0:
+            branches.pop(0)

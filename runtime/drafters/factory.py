@@ -1,0 +1,66 @@
+"""Drafters from a spec string (`--draft`, `Engine.load(draft=...)`): the one way in for the apps."""
+
+from __future__ import annotations
+
+from mirrorsd.contracts import Drafter, DraftModel
+from mirrorsd.errors import ConfigError
+from mirrorsd.runtime.drafters.chain import ChainDrafter
+from mirrorsd.runtime.drafters.model import ModelDrafter
+from mirrorsd.runtime.drafters.ngram import NGramDrafter
+from mirrorsd.runtime.drafters.retrieval import RetrievalDrafter
+
+
+def make_drafter(spec: str | Drafter | None, target_tokenizer, target_name: str = "target", *,
+                 device: str | None = "auto", dtype=None, backend: str = "torch", progress: bool = False,
+                 export_device: str | None = None, export_threads: int | None = None) -> Drafter | None:
+    """A drafter for the target whose tokenizer is given.
+
+    spec: "auto" (an export on the NPU when the placement policy finds one, else the model-free chain:
+    n-gram + retrieval from the default stdlib datastore), "ngram", "retrieval" / "chain" (default
+    datastore), "retrieval:PATH" / "chain:PATH" (your datastore, learning from each reply), "none"/None,
+    an export folder (`mirrorsd export`) for a draft on ONNX Runtime / Core ML, a model argument
+    (catalog name, folder, .gguf, hub id) for a draft model on `backend`, or a Drafter (returned as is).
+    device/dtype: a draft model's; export_device: the backend for an export (cpu, coreml, qnn, ...);
+    export_threads: intra-op threads of an export on the CPU provider."""
+    if spec is None or spec == "none":
+        return None
+    if not isinstance(spec, str):
+        if not isinstance(spec, Drafter):
+            raise ConfigError(f"draft must be a spec string or a Drafter, got {type(spec).__name__}",
+                              "pass e.g. draft='ngram', a model name, or an object with name/start/propose/accepted")
+        return spec
+    if spec == "ngram":
+        return NGramDrafter()
+    kind, _, where = spec.partition(":")
+    if spec == "auto":
+        from mirrorsd.runtime.drafters.exported import auto_export_drafter
+
+        exported = auto_export_drafter(target_tokenizer, export_device)
+        if exported is not None:
+            return exported
+    if kind in ("auto", "chain", "retrieval") and (kind != "auto" or not where):
+        from mirrorsd.runtime.drafters.retrieval.datastore import Datastore, default_datastore
+
+        store = (Datastore.open(where, target_tokenizer) if where
+                 else default_datastore(target_tokenizer, progress=progress, tokenizer_name=target_name))
+        retrieval = RetrievalDrafter(store, learn=bool(where))
+        return retrieval if kind == "retrieval" else ChainDrafter(NGramDrafter(), retrieval)
+    from mirrorsd.export_format import is_export
+
+    if is_export(spec):
+        from mirrorsd.runtime.drafters.exported import drafter_from_export
+
+        return drafter_from_export(spec, target_tokenizer, target_name, export_device, export_threads)
+    from mirrorsd.runtime.backends import load_lm
+    from mirrorsd.tokenizer_check import check_tokenizers_match
+
+    loaded = load_lm(spec, backend, device=device, dtype=dtype, progress=progress)
+    check_tokenizers_match(target_tokenizer, loaded.tokenizer, target_name, spec)
+    return ModelDrafter(loaded.lm)
+
+
+def fallback_for(drafter: Drafter | None) -> Drafter | None:
+    """The model-free drafter beside a draft model: n-gram (free to set up; retrieval would first need a
+    datastore for this tokenizer). The pipeline lets it serve the steps where its draft, made at once,
+    beats waiting for the model's, and every step once the draft model fails; then plain decoding."""
+    return NGramDrafter() if isinstance(drafter, DraftModel) else None
