@@ -39,7 +39,7 @@ def test_commands_history_and_highlighting(tokenizer, target_model):
     run_terminal_chat(session, lines_then_eof("def quicksort(arr):", "/max 12", "/temp 0", "Hello world!",
                                               "/stats", "/temp -1", "/bogus"), out, highlight=True)
     text = out.getvalue()
-    assert "tiny on cpu · draft ngram" in text
+    assert "tiny on torch:cpu · draft ngram" in text
     assert [m["role"] for m in session.messages] == ["user", "assistant", "user", "assistant"]
     first = engine.generate([{"role": "user", "content": "def quicksort(arr):"}], GenerationConfig(max_new_tokens=40))
     assert session.messages[1]["content"] == first.text

@@ -56,7 +56,7 @@ def highlighted_chars(win) -> int:
 def test_stream_stop_stats_and_screenshot(qtbot, window, tmp_path):
     win = window
     engine = win.session.engine
-    assert "tiny-llama on cpu" in win.served_by.text()
+    assert "tiny-llama on torch:cpu" in win.served_by.text()
 
     # 1. A reply streams in, and Stop ends it mid-way.
     type_and_send(qtbot, win, "def quicksort(arr):")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -135,7 +136,7 @@ def test_sampling_through_the_onnx_drafter_matches_the_target_distribution(expor
     p1, p2 = exact_first_two(target_model, tokenizer, cfg, prompt)
     first, second, drafted = [], [], 0
     for seed in range(1200):
-        result = engine.generate(prompt, GenerationConfig(**{**cfg.__dict__, "seed": seed}))
+        result = engine.generate(prompt, replace(cfg, seed=seed))
         first.append(result.token_ids[0])
         second.append(result.token_ids[1])
         drafted += result.stats.drafted_tokens
