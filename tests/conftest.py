@@ -80,3 +80,14 @@ def tiny_folder(tmp_path_factory, tokenizer):
 def _no_hub():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def datastore(tmp_path_factory, target_model, tokenizer):
+    """A datastore holding the target's own greedy continuations of the first two prompts (and the
+    prompts themselves), as if learned from earlier sessions: retrieval drafts get accepted."""
+    from helpers import PROMPTS, hf_greedy
+    from mirrorsd.runtime.drafters.retrieval.datastore import Datastore
+
+    docs = [tokenizer(p)["input_ids"] + hf_greedy(target_model, tokenizer, p, 60) for p in PROMPTS[:2]]
+    return Datastore.create(tmp_path_factory.mktemp("ds"), tokenizer, docs)

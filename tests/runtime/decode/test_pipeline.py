@@ -16,7 +16,7 @@ from mirrorsd.errors import ConfigError
 from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, ModelDrafter
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from drafters_for_tests import FailingDrafter, RandomTokenDrafter
-from test_engine_greedy import PROMPTS, datastore, hf_greedy  # noqa: F401 (datastore: a fixture)
+from helpers import PROMPTS, hf_greedy
 
 MODES = ["sequential", "overlap", "branches"]
 

@@ -8,7 +8,7 @@ import pytest
 
 from mirrorsd import Engine, GenerationConfig
 
-from test_cli import run  # (tiny_folder is a conftest fixture)
+from helpers import run  # (tiny_folder is a conftest fixture)
 
 
 def test_devices_on_this_machine_keeps_the_model_free_chain():

@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-
-CLI = [sys.executable, "-m", "mirrorsd.cli"]
-
-
-def run(*args, env=None):
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
-
+from helpers import run
 
 def test_generate_json_on_a_local_folder_matches_target_only(tiny_folder):
     common = ["--target", str(tiny_folder), "--max-new-tokens", "24", "--json", "--raw", "--dtype", "float32"]

@@ -5,40 +5,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
-import torch
-from scipy.stats import chisquare
 
+from helpers import exact_first_two, pvalue
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.runtime.drafters import NGramDrafter, ModelDrafter
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 
 PROMPT = "The quick brown fox"
-
-
-def exact_first_two(model, tokenizer, cfg, prompt) -> tuple[np.ndarray, np.ndarray]:
-    """Exact P(t1) and marginal P(t2) of target-only sampling, from the model's logits."""
-    from mirrorsd.sampling import next_token_scores
-
-    ids = tokenizer(prompt)["input_ids"]
-    with torch.no_grad():
-        p1 = next_token_scores(model(torch.tensor([ids])).logits[0, -1:], cfg, ids)[0].double().numpy()
-        vocab = p1.shape[0]
-        batch = torch.tensor([ids + [t] for t in range(vocab)])  # [V, L+1]
-        last = model(batch).logits[:, -1]  # [V, V]
-        p2_given = torch.cat([next_token_scores(last[t : t + 1], cfg, ids + [t]) for t in range(vocab)]).double().numpy()
-    return p1, p1 @ p2_given
-
-
-def pvalue(samples, probs) -> float:
-    counts = np.bincount(samples, minlength=len(probs)).astype(float)
-    expected = probs * len(samples)
-    big = expected >= 5  # pool the rare tokens into one bin so the chi-square approximation holds
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    return chisquare(obs[keep], exp[keep] * obs.sum() / exp[keep].sum()).pvalue
 
 
 @pytest.mark.parametrize("drafter_kind,pipeline", [("other-model", "sequential"), ("other-model", "branches"),

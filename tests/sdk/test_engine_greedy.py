@@ -3,30 +3,13 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from mirrorsd import Engine, FinishEvent, GenerationConfig, TokenEvent
 from mirrorsd.runtime.drafters.retrieval.datastore import Datastore
 from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, ModelDrafter
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from drafters_for_tests import FailingDrafter, RandomTokenDrafter
-
-PROMPTS = ["def quicksort(arr):\n", "The quick brown fox", "import numpy as np\nfor i in range(10):"]
-
-
-def hf_greedy(model, tokenizer, prompt: str, n: int, **kw) -> list[int]:
-    ids = torch.tensor([tokenizer(prompt)["input_ids"]])
-    out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, **kw)
-    return out[0, ids.shape[1]:].tolist()
-
-
-@pytest.fixture(scope="module")
-def datastore(tmp_path_factory, target_model, tokenizer):
-    """A datastore holding the target's own greedy continuations of the first two prompts (and the
-    prompts themselves), as if learned from earlier sessions: retrieval drafts get accepted."""
-    docs = [tokenizer(p)["input_ids"] + hf_greedy(target_model, tokenizer, p, 60) for p in PROMPTS[:2]]
-    return Datastore.create(tmp_path_factory.mktemp("ds"), tokenizer, docs)
-
+from helpers import PROMPTS, hf_greedy
 
 def make_drafter(kind, target_model, other_model, tokenizer, datastore=None):
     if kind == "none":

@@ -12,7 +12,7 @@ from mirrorsd import Engine, GenerationConfig
 from mirrorsd.runtime.backends.cpu_kernels import ENV, OneDNNLinear, onednn_linear_available, use_onednn_linear
 from mirrorsd.runtime.drafters import NGramDrafter, ModelDrafter
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
-from test_engine_greedy import PROMPTS
+from helpers import PROMPTS
 
 pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no usable oneDNN")
 

@@ -127,7 +127,7 @@ def test_pointer_rollback_gives_the_same_logits_as_a_fresh_cache(exports, tokeni
 
 
 def test_sampling_through_the_onnx_drafter_matches_the_target_distribution(exports, target_model, tokenizer):
-    from test_engine_sampling import exact_first_two, pvalue
+    from helpers import exact_first_two, pvalue
 
     cfg = GenerationConfig(temperature=0.8, max_new_tokens=2, num_draft_tokens=2, adaptive_k=False)
     prompt = "The quick brown fox"

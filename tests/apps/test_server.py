@@ -184,7 +184,7 @@ def test_mirrorsd_serve_command(tiny_folder):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "mirrorsd.cli", "serve", "--target", str(tiny_folder), "--draft",
+    proc = subprocess.Popen([sys.executable, "-m", "mirrorsd", "serve", "--target", str(tiny_folder), "--draft",
                              "ngram", "--port", str(port), "--api-key", "k", "--model-name", "tiny"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -78,7 +78,7 @@ def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(tokenizer, target_model):
 
 def test_mirrorsd_chat_without_a_display_falls_back_to_the_terminal(tiny_folder):
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
-    out = subprocess.run([sys.executable, "-m", "mirrorsd.cli", "chat", "--target", str(tiny_folder), "--draft",
+    out = subprocess.run([sys.executable, "-m", "mirrorsd", "chat", "--target", str(tiny_folder), "--draft",
                           "ngram", "--temperature", "0", "--max-new-tokens", "16"],
                          input="def quicksort(arr):\n/new\n/quit\n", capture_output=True, text=True, timeout=300,
                          env={**env, "HF_HUB_OFFLINE": "1"})

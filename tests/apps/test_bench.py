@@ -130,7 +130,7 @@ def test_bench_command_line_with_a_prompt_file(tmp_path, tokenizer):
     tokenizer.save_pretrained(folder)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"text": "def quicksort(arr):", "category": "mine"}\n{"text": "Hello world!"}\n')
-    cmd = [sys.executable, "-m", "mirrorsd.cli", "bench", "--quick", "--target", str(folder), "--prompts", str(prompts),
+    cmd = [sys.executable, "-m", "mirrorsd", "bench", "--quick", "--target", str(folder), "--prompts", str(prompts),
            "--datastore", "none", "--only", "n-gram (ours)", "--max-new-tokens", "8", "--out", str(tmp_path / "o")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr

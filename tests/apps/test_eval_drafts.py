@@ -84,7 +84,7 @@ def test_eval_drafts_command_line(tokenizer, tmp_path):
     tokenizer.save_pretrained(folder)
     workload = tmp_path / "w.jsonl"
     workload.write_text("".join(json.dumps({"text": p}) + "\n" for p in PROMPTS[:3]))
-    cmd = [sys.executable, "-m", "mirrorsd.cli", "eval-drafts", str(workload), "--target", str(folder),
+    cmd = [sys.executable, "-m", "mirrorsd", "eval-drafts", str(workload), "--target", str(folder),
            "--drafter", "ngram", "--samples", "2", "--max-new-tokens", "12", "--k-max", "4", "--out", str(tmp_path / "o")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr

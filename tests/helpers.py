@@ -1,0 +1,52 @@
+"""Shared test helpers: reference outputs to compare against (transformers' own greedy decoding, the
+exact distribution of the first two sampled tokens), a chi-square p-value, and the CLI as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+from scipy.stats import chisquare
+
+PROMPTS = ["def quicksort(arr):\n", "The quick brown fox", "import numpy as np\nfor i in range(10):"]
+
+
+def hf_greedy(model, tokenizer, prompt: str, n: int, **kw) -> list[int]:
+    ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+    out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, **kw)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def exact_first_two(model, tokenizer, cfg, prompt) -> tuple[np.ndarray, np.ndarray]:
+    """Exact P(t1) and marginal P(t2) of target-only sampling, from the model's logits."""
+    from mirrorsd.sampling import next_token_scores
+
+    ids = tokenizer(prompt)["input_ids"]
+    with torch.no_grad():
+        p1 = next_token_scores(model(torch.tensor([ids])).logits[0, -1:], cfg.sampling, ids)[0].double().numpy()
+        vocab = p1.shape[0]
+        batch = torch.tensor([ids + [t] for t in range(vocab)])  # [V, L+1]
+        last = model(batch).logits[:, -1]  # [V, V]
+        p2_given = torch.cat([next_token_scores(last[t : t + 1], cfg.sampling, ids + [t]) for t in range(vocab)]).double().numpy()
+    return p1, p1 @ p2_given
+
+
+def pvalue(samples, probs) -> float:
+    counts = np.bincount(samples, minlength=len(probs)).astype(float)
+    expected = probs * len(samples)
+    big = expected >= 5  # pool the rare tokens into one bin so the chi-square approximation holds
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    return chisquare(obs[keep], exp[keep] * obs.sum() / exp[keep].sum()).pvalue
+
+
+CLI = [sys.executable, "-m", "mirrorsd"]
+
+
+def run(*args, env=None):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})

@@ -1,0 +1,77 @@
+"""The architecture's rules, checked on the source: declared seams, not probing; one direction of imports;
+a decode path that reads in small functions."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+from mirrorsd import contracts
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("mirrorsd", "runtime", "apps", "devices", "exporters")
+
+
+def sources(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+def protocol_members() -> set[str]:
+    """Every attribute and method the contracts' Protocols declare."""
+    names: set[str] = set()
+    for _, cls in inspect.getmembers(contracts, inspect.isclass):
+        if getattr(cls, "_is_protocol", False) and cls.__module__ == contracts.__name__:
+            for klass in cls.__mro__:
+                if klass.__module__ == contracts.__name__:
+                    names |= set(getattr(klass, "__annotations__", {}))
+                    names |= {n for n, v in vars(klass).items() if callable(v) and not n.startswith("_")}
+    return names
+
+
+def test_the_protocols_declare_what_the_loops_use():
+    members = protocol_members()
+    assert {"score", "truncate", "reset", "close", "vocab_size", "max_context", "computes_on", "backend",
+            "early_exit", "threads", "propose", "propose_iter", "accepted", "finish", "lm", "num_layers",
+            "score_with_exit", "set_threads", "between_layers"} <= members
+
+
+@pytest.mark.parametrize("path", sources(*PACKAGES), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_hasattr_or_getattr_probing_for_protocol_members(path):
+    members = protocol_members()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr") \
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
+            assert node.args[1].value not in members, \
+                f"{path.name}:{node.lineno} probes {node.args[1].value!r}: declare it in a Protocol instead"
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found
+
+
+@pytest.mark.parametrize("path", sources("runtime"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_runtime_does_not_import_the_exporters_or_the_apps(path):
+    bad = {m for m in imports(path) if m.startswith(("mirrorsd.exporters", "mirrorsd.apps"))}
+    assert not bad, f"{path.name} imports {bad}: shared formats live in mirrorsd/ (export_format, tokenizer_check)"
+
+
+@pytest.mark.parametrize("path", sources("runtime/decode"), ids=lambda p: p.name)
+def test_the_decode_loops_know_backends_and_drafters_only_by_their_protocols(path):
+    bad = {m for m in imports(path) if m.startswith(("mirrorsd.runtime.backends", "mirrorsd.runtime.drafters", "torch"))}
+    assert not bad, f"{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sources("runtime/decode"), ids=lambda p: p.name)
+def test_no_function_in_the_decode_path_is_over_sixty_lines(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            assert node.end_lineno - node.lineno < 60, f"{path.name}:{node.name} is {node.end_lineno - node.lineno + 1} lines"
