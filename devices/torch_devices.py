@@ -40,13 +40,11 @@ def resolve_device(spec: str | None) -> torch.device:
 def default_dtype(device: torch.device) -> torch.dtype:
     """float32 on every device: the only dtype measured to keep greedy output token-identical.
 
-    bfloat16 is faster on this CPU, but its greedy output depends on how tokens are grouped into
-    forward passes (K+1 verified at once, or a cached prompt prefix vs a whole prefill), because its
-    rounding after every layer flips near-tie argmaxes. `mirrorsd bench --target smollm2-135m
-    --draft-model "" --dtype bfloat16` marks every configuration not token-equal to the first
-    target-only run (the README shows that report); in float32 all are equal. Lossless comes first,
-    so bfloat16/float16 are opt-in (`dtype="bfloat16"`), documented as trading exact token identity
-    for speed.
+    bfloat16 is faster on a CPU, but its greedy output depends on how tokens are grouped into forward
+    passes (K+1 verified at once, or a cached prompt prefix vs a whole prefill), because its rounding
+    after every layer flips near-tie argmaxes (docs/measurements.md). Lossless comes first, so
+    bfloat16/float16 are opt-in (`dtype="bfloat16"`), documented as trading exact token identity for
+    speed.
     """
     return torch.float32
 

