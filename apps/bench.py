@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.bench_configs import CONFIGS, TARGET_ONLY, BenchConfig, BenchContext, Output
+from mirrorsd.apps.bench_configs import (CONFIGS, CPP_TARGET_ONLY, TARGET_ONLY, BenchConfig, BenchContext, Output,
+                                         measure_memory)
 from mirrorsd.apps.prompt_suite import CATEGORIES, BenchPrompt, bundled_suite, load_workload
 from mirrorsd.errors import ConfigError
 
@@ -36,7 +37,8 @@ class Cell:
 
     seconds: list[float] = field(default_factory=list)  # one per repeat
     first: Output | None = None  # the first repeat's output (tokens, stats, timings)
-    equal: bool | None = None  # greedy prompts: all repeats token-equal to the reference
+    equal: bool | None = None  # greedy prompts: all repeats token-equal to the reference (near-ties allowed)
+    near_ties: list[float] = field(default_factory=list)  # top-2 gaps where a quantized kernel diverged
 
 
 @dataclass
@@ -51,7 +53,7 @@ class BenchOptions:
     k: int = 8
     dtype: str = "float32"
     out: str = "bench-out"
-    only: tuple[str, ...] = ()  # configuration names to run (target-only always runs); empty = all
+    only: tuple[str, ...] = ()  # configuration names to run (with their target-only references); empty = all
 
 
 def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, datastore="default",
@@ -63,49 +65,55 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
     console = Console(stderr=True)
     if opts.repeats < 1 or opts.max_new_tokens < 1 or opts.per_category < 1:
         raise ConfigError("--repeats, --max-new-tokens and --per-category must be >= 1", "e.g. --repeats 2")
-    if engine is None:
+    chosen = _choose(configs if configs is not None else list(CONFIGS), opts)
+    memory: dict[str, float] = {}
+    if engine is None and any(c.reference == TARGET_ONLY for c in chosen):  # a torch row is to run
         console.print(f"loading {opts.target}" + (f" and {opts.draft_model}" if opts.draft_model else ""))
-        engine = Engine.load(target=opts.target, draft="none", dtype=opts.dtype, progress=True)
-        if opts.draft_model:
+        with measure_memory(memory, "target"):
+            engine = Engine.load(target=opts.target, draft="none", dtype=opts.dtype, progress=True, backend="torch")
+        if opts.draft_model and any("draft" in c.memory for c in chosen):
             from mirrorsd.devices import parse_dtype, resolve_device
             from mirrorsd.models import load_model
             from mirrorsd.runtime.backends.cpu_kernels import use_onednn_linear
             from mirrorsd.tokenizer_check import check_tokenizers_match
 
             device = resolve_device("auto")  # the device Engine.load put the target on
-            draft_lm, draft_tokenizer = load_model(opts.draft_model, device, parse_dtype(opts.dtype, device), True)
-            use_onednn_linear(draft_lm)
+            with measure_memory(memory, "draft"):
+                draft_lm, draft_tokenizer = load_model(opts.draft_model, device, parse_dtype(opts.dtype, device), True)
+                use_onednn_linear(draft_lm)
             check_tokenizers_match(engine.tokenizer, draft_tokenizer, opts.target, opts.draft_model)
-    ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model if draft_lm is not None else None, datastore,
-                       opts.draft_export)
+    ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model, datastore, opts.draft_export, memory)
     prompts = load_workload(opts.prompts_file) if opts.prompts_file else bundled_suite(opts.per_category)
-    encoded = [engine.encode(p.request) for p in prompts]
-
-    chosen = configs if configs is not None else list(CONFIGS)
-    if chosen[0].name != TARGET_ONLY:
-        raise ConfigError("the first configuration must be our target-only decoding (the reference)", "")
-    if opts.only:
-        unknown = set(opts.only) - {c.name for c in chosen}
-        if unknown:
-            raise ConfigError(f"unknown configuration(s): {', '.join(sorted(unknown))}",
-                              f"choose from: {', '.join(c.name for c in chosen)}")
-        chosen = [c for c in chosen if c.name == TARGET_ONLY or c.name in opts.only]
+    if ctx.engine is None and ctx.cpp_engine is None:
+        raise ConfigError("none of the chosen configurations can run here", "see `mirrorsd bench --help`")
+    encoded = [(ctx.engine or ctx.cpp_engine).encode(p.request) for p in prompts]
     runners, skipped = {}, {}
     for c in chosen:
-        runner = c.make(ctx)
+        runner = c.make(ctx) if c.reference in runners or c.reference == c.name else None
         if runner is None:
             skipped[c.name] = f"needs {c.needs}" if c.needs else "not available here"
         else:
             runners[c.name] = runner
     configs_run = [c for c in chosen if c.name in runners]
+    if not configs_run or configs_run[0].reference != configs_run[0].name:
+        raise ConfigError("the first configuration must be a target-only decoding (the reference)", "")
 
     warm = GenerationConfig(max_new_tokens=4)
     for c in configs_run:  # first-call allocations and kernel choice, outside the measurement
         runners[c.name](encoded[0][:32], warm)
 
     cells = {c.name: [Cell() for _ in prompts] for c in configs_run}
-    _measure(prompts, encoded, configs_run, runners, cells, opts, console)
+    # The verifier that judges a near-tie, per reference row: none for the float32 torch reference (its
+    # greedy output must be equal, full stop); llama.cpp's own for its rows.
+    judges = {}
+    if CPP_TARGET_ONLY in runners:
+        from mirrorsd.runtime.backends.base import batch_discrepancy
+
+        lm = ctx.cpp_engine.verifier
+        judges[CPP_TARGET_ONLY] = (lm, 2 * batch_discrepancy(lm, encoded[0]))
+    _measure(prompts, encoded, configs_run, runners, cells, opts, console, judges)
     report = _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command)
+    report["settings"]["near_tie_tolerance"] = {name: round(tol, 4) for name, (_, tol) in judges.items()}
     outdir = Path(opts.out)
     outdir.mkdir(parents=True, exist_ok=True)
     from mirrorsd.apps.bench_plots import write_plots
@@ -136,7 +144,27 @@ def _gen_config(p: BenchPrompt, opts: BenchOptions) -> GenerationConfig:
                             num_draft_tokens=opts.k)
 
 
-def _measure(prompts, encoded, configs_run, runners, cells, opts, console) -> None:
+def _judge(cell: Cell, tokens: list[int], reference: list[int], ids: list[int], config: BenchConfig,
+           judges: dict) -> None:
+    """Greedy outputs against the same backend's target-only decoding: equal; diverged at a near-tie
+    (quantized backends only: the top-2 gap at the divergence, measured, below the backend's tolerance:
+    twice its measured batch discrepancy); or FAILED."""
+    if tokens == reference:
+        cell.equal = cell.equal is not False
+        return
+    lm, tolerance = judges.get(config.reference, (None, 0.0))
+    at = next((j for j, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+    if lm is not None and at < len(reference):
+        top = lm.score(ids + reference[:at])[-1].topk(2).values
+        gap = float(top[0] - top[1])
+        if gap < tolerance:
+            cell.near_ties.append(round(gap, 5))
+            cell.equal = cell.equal is not False
+            return
+    cell.equal = False
+
+
+def _measure(prompts, encoded, configs_run, runners, cells, opts, console, judges) -> None:
     from rich.console import Group
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -156,10 +184,21 @@ def _measure(prompts, encoded, configs_run, runners, cells, opts, console) -> No
                     if cell.first is None:
                         cell.first = out
                     if p.greedy:
-                        reference = cells[TARGET_ONLY][i].first.tokens
-                        cell.equal = (cell.equal is not False) and out.tokens == reference
+                        _judge(cell, out.tokens, cells[c.reference][i].first.tokens, ids, c, judges)
                     progress.advance(task)
             live.update(Group(_partial_table(configs_run, cells, prompts, i + 1), progress))
+
+
+def _choose(chosen: list[BenchConfig], opts: BenchOptions) -> list[BenchConfig]:
+    """The configurations to run: all, or those --only names with their reference rows."""
+    if not opts.only:
+        return chosen
+    unknown = set(opts.only) - {c.name for c in chosen}
+    if unknown:
+        raise ConfigError(f"unknown configuration(s): {', '.join(sorted(unknown))}",
+                          f"choose from: {', '.join(c.name for c in chosen)}")
+    wanted = set(opts.only) | {c.reference for c in chosen if c.name in opts.only}  # references always run
+    return [c for c in chosen if c.name in wanted]
 
 
 def _tps(cells_row: list[Cell], idx: list[int]) -> float | None:
@@ -172,12 +211,11 @@ def _partial_table(configs_run, cells, prompts, done: int):
     from rich.table import Table
 
     idx = list(range(done))
-    base = _tps(cells[TARGET_ONLY], idx)
     table = Table(title=f"so far: {done} of {len(prompts)} prompts")
     for col in ("configuration", "tok/s", "vs target-only", "greedy equal"):
         table.add_column(col)
     for c in configs_run:
-        tps = _tps(cells[c.name], idx)
+        tps, base = _tps(cells[c.name], idx), _tps(cells[c.reference], idx)
         eq = [cells[c.name][i].equal for i in idx if cells[c.name][i].equal is not None]
         table.add_row(c.name, f"{tps:.2f}", f"{tps / base:.2f}x", "-" if not eq else ("yes" if all(eq) else "FAILED"))
     return table
@@ -229,20 +267,21 @@ def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -
     categories = [c for c in CATEGORIES if c in seen] + [c for c in seen if c not in CATEGORIES]
     by_cat = {c: [i for i, p in enumerate(prompts) if p.category == c] for c in categories}
     all_idx = list(range(len(prompts)))
-    base = _tps(cells[TARGET_ONLY], all_idx)
-    base_cat = {c: _tps(cells[TARGET_ONLY], idx) for c, idx in by_cat.items()}
     rows = []
     for c in configs_run:
-        row_cells = cells[c.name]
+        row_cells, ref_cells = cells[c.name], cells[c.reference]
         tps = _tps(row_cells, all_idx)
         equal = [row_cells[i].equal for i in all_idx if row_cells[i].equal is not None]
         row = {
-            "configuration": c.name, "ours": c.ours, "peer_of": c.peer_of,
-            "tokens_per_second": round(tps, 3), "speedup_vs_target_only": round(tps / base, 3),
+            "configuration": c.name, "ours": c.ours, "peer_of": c.peer_of, "reference": c.reference,
+            "tokens_per_second": round(tps, 3), "speedup_vs_target_only": round(tps / _tps(ref_cells, all_idx), 3),
             "by_category": {cat: {"tokens_per_second": round(_tps(row_cells, idx), 3),
-                                  "speedup_vs_target_only": round(_tps(row_cells, idx) / base_cat[cat], 3)}
+                                  "speedup_vs_target_only": round(_tps(row_cells, idx) / _tps(ref_cells, idx), 3)}
                             for cat, idx in by_cat.items()},
             "greedy_equal_to_target_only": all(equal) if equal else None,
+            "near_tie_gaps": [g for cell in row_cells for g in cell.near_ties],
+            "model_memory_mb": round(sum(ctx.memory_mb.get(m, 0.0) for m in c.memory), 1)
+            if all(m in ctx.memory_mb for m in c.memory) else None,
             "mismatched_prompts": [prompts[i].label for i in all_idx if row_cells[i].equal is False],
             "mean_accepted_length": None, "acceptance_rate": None, "per_position_acceptance": [],
             "propose_us_per_step": None, "draft_hidden_share": None, "branch_hit_rate": None,
@@ -279,7 +318,7 @@ def _models(ctx: BenchContext, opts: BenchOptions) -> dict:
         return {"name": name, "parameters": sum(x.numel() for x in model.parameters()), "dtype": str(p.dtype),
                 "device": str(p.device), "architecture": model.config.model_type}
 
-    models = {"target": describe(ctx.target_name, ctx.model)}
+    models = {"target": describe(ctx.target_name, ctx.model)} if ctx.engine is not None else {}
     if ctx.draft_lm is not None:
         models["draft"] = describe(ctx.draft_name, ctx.draft_lm)
     export = ctx.__dict__.get("export_drafter")  # only if a configuration loaded it
@@ -287,6 +326,18 @@ def _models(ctx: BenchContext, opts: BenchOptions) -> dict:
         m = export.lm.manifest
         models["draft export"] = {"name": ctx.draft_export, "format": m["format"], "profile": m["profile"],
                                   "precision": m["precision"], "quant": m.get("quant_form"), "backend": export.name}
+    cpp = ctx.__dict__.get("cpp_engine")  # only if a configuration loaded it
+    if cpp is not None:
+        lm = cpp.verifier
+        models["target (llama.cpp)"] = {"name": ctx.target_name, "file": lm.path.name, "backend": lm.backend,
+                                        "threads": lm.n_threads}
+    cpp_draft = ctx.__dict__.get("cpp_draft_lm")
+    if cpp_draft is not None:
+        models["draft (llama.cpp)"] = {"name": ctx.draft_name, "file": cpp_draft.path.name,
+                                       "backend": cpp_draft.backend, "threads": cpp_draft.n_threads}
+    for key, val in models.items():
+        if key in ctx.memory_mb:
+            val["memory_mb"] = ctx.memory_mb[key]
     store = ctx.__dict__.get("datastore")  # only if a configuration opened it
     if store is not None:
         models["datastore"] = {"tokens": store.num_tokens, "tokenizer": store.header.get("tokenizer_name")}
@@ -335,13 +386,16 @@ def _fmt(x, digits: int = 2) -> str:
 
 
 def _equal_cell(r: dict) -> str:
-    eq = r["greedy_equal_to_target_only"]
-    return "n/a" if eq is None else ("yes" if eq else "FAILED")
+    eq, gaps = r["greedy_equal_to_target_only"], r.get("near_tie_gaps") or []
+    if eq is None or not eq:
+        return "n/a" if eq is None else "FAILED"
+    return f"near-tie ({len(gaps)}, gap <= {max(gaps):.3g})" if gaps else "yes"
 
 
 def _row_cells(r: dict, categories: list[str], terminal: bool = False) -> list[str]:
     extra = [] if terminal else [_fmt(r["acceptance_rate"]), _fmt(r["propose_us_per_step"], 0),
-                                 _fmt(r["draft_hidden_share"]), _fmt(r["branch_hit_rate"])]
+                                 _fmt(r["draft_hidden_share"]), _fmt(r["branch_hit_rate"]),
+                                 _fmt(r.get("model_memory_mb"), 0)]
     return [r["configuration"], f"{r['tokens_per_second']:.2f}", f"{r['speedup_vs_target_only']:.2f}x",
             *(f"{r['by_category'][c]['speedup_vs_target_only']:.2f}x" for c in categories),
             _fmt(r["mean_accepted_length"]), *extra, _equal_cell(r)]
@@ -351,13 +405,16 @@ def _headers(categories: list[str], terminal: bool = False) -> list[str]:
     if terminal:  # narrower: categories abbreviated, acceptance details left to report.md
         return ["configuration", "tok/s", "speedup", *(c[:5] for c in categories), "acc. len", "equal"]
     return ["configuration", "tok/s", "speedup", *categories, "mean accepted length", "acceptance",
-            "propose µs/step", "draft hidden", "branch hits", "greedy equal"]
+            "propose µs/step", "draft hidden", "branch hits", "model MB", "greedy equal"]
 
 
 def _title(report: dict) -> str:
     m, s = report["models"], report["settings"]
-    draft = f", draft {m['draft']['name']}" if "draft" in m else ""
-    return (f"target {m['target']['name']} ({m['target']['dtype'].replace('torch.', '')}){draft}; "
+    forms = [m["target"]["dtype"].replace("torch.", "")] if "target" in m else []
+    forms += [m["target (llama.cpp)"]["file"] + " on llama.cpp"] if "target (llama.cpp)" in m else []
+    name = (m.get("target") or m.get("target (llama.cpp)") or {"name": "?"})["name"]
+    draft = next((f", draft {m[k]['name']}" for k in ("draft", "draft (llama.cpp)") if k in m), "")
+    return (f"target {name} ({'; '.join(forms)}){draft}; "
             f"{s['max_new_tokens']} new tokens, K={s['k']}, median of {s['repeats']}; {len(report['prompts'])} prompts")
 
 
@@ -383,9 +440,15 @@ def markdown(report: dict) -> str:
               f"Machine: {mach['cpu']}, {mach['cpu_count']} cores, {mach['torch_threads']} torch threads, "
               f"{mach['platform']}; devices: {', '.join(mach['torch_devices'])}. Versions: "
               + ", ".join(f"{k} {val}" for k, val in v.items()) + ".", "",
-              "Speedup columns are tok/s over target-only (ours) on the same prompts; per category: "
+              "Speedup columns are tok/s over target-only decoding on the same backend (ours, the row's "
+              "reference) on the same prompts; per category: "
               + ", ".join(f"{c} ({sum(p['category'] == c for p in report['prompts'])})" for c in cats)
-              + ". Sampled prompts (temperature > 0) are timed, not token-compared.", "",
+              + ". Sampled prompts (temperature > 0) are timed, not token-compared. Greedy equal: token-equal to "
+              "the same backend's target-only decoding; near-tie: a quantized kernel diverged where the top-2 "
+              "logit gap (measured at the divergence) is below twice the backend's measured batch discrepancy "
+              "(largest |logit| difference between a position scored in a verify batch and scored alone: "
+              + (", ".join(f"{k}: tolerance {v}" for k, v in report["settings"].get("near_tie_tolerance", {}).items())
+                 or "none here") + "); model MB: resident memory the row's models added when loaded.", "",
               "| " + " | ".join(_headers(cats)) + " |", "|" + "---|" * len(_headers(cats))]
     lines += ["| " + " | ".join(_row_cells(r, cats)) + " |" for r in report["rows"]]
     failed = [r for r in report["rows"] if r["greedy_equal_to_target_only"] is False]
@@ -409,7 +472,10 @@ def _describe_model(kind: str, val: dict) -> str:
     if kind == "draft export":
         return (f"draft export: {val['name']} ({val['format']} {val['profile']} profile, {val['precision']}, "
                 f"quant {val['quant']}, on {val['backend']})")
-    return f"{kind}: {val.get('name', '')} {val.get('parameters', '')} params {val.get('dtype', '')}"
+    memory = f", {val['memory_mb']:.0f} MB resident" if val.get("memory_mb") else ""
+    if "file" in val:
+        return f"{kind}: {val['name']} ({val['file']} on {val['backend']}, {val['threads']} threads{memory})"
+    return f"{kind}: {val.get('name', '')} {val.get('parameters', '')} params {val.get('dtype', '')}{memory}"
 
 
 def command_line() -> str | None:

@@ -20,8 +20,10 @@ overlapped in the timeline plot.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -49,14 +51,43 @@ Runner = Callable[[list[int], GenerationConfig], Output]
 
 @dataclass
 class BenchContext:
-    """The models every configuration shares (loaded once per bench run)."""
+    """The models every configuration shares (loaded once per bench run, on first use)."""
 
-    engine: Engine  # the target in our runtime (its drafter is set per configuration)
+    engine: Engine  # the target on the torch backend (float32 reference); drafters are set per configuration
     target_name: str
     draft_lm: torch.nn.Module | None = None  # the independent draft model, if one was given
     draft_name: str | None = None
     datastore_spec: object = "default"  # "default" (stdlib), a Datastore, a path, or None (no retrieval rows)
     draft_export: str | None = None  # an export folder (`mirrorsd export`) for the exported-draft rows
+    memory_mb: dict[str, float] = field(default_factory=dict)  # resident memory each model added when loaded
+
+    @cached_property
+    def cpp_engine(self) -> Engine | None:
+        """The same target's GGUF file on the llama.cpp backend, where llama-cpp-python is installed."""
+        from mirrorsd.models import is_gguf
+        from mirrorsd.runtime.backends import llamacpp_installed
+
+        if not (llamacpp_installed() and is_gguf(self.target_name)):
+            return None
+        with measure_memory(self.memory_mb, "target (llama.cpp)"):
+            engine = Engine.load(self.target_name, backend="llamacpp", draft="none", progress=True)
+            engine.verifier.score([0, 1, 2])  # touch every weight page (mmap) before measuring
+            engine.verifier.reset()
+        return engine
+
+    @cached_property
+    def cpp_draft_lm(self):
+        """The draft model's GGUF file on llama.cpp, for the llama.cpp draft-model row."""
+        from mirrorsd.models import is_gguf
+        from mirrorsd.runtime.backends import load_lm
+
+        if self.draft_name is None or self.cpp_engine is None or not is_gguf(self.draft_name):
+            return None
+        with measure_memory(self.memory_mb, "draft (llama.cpp)"):
+            lm = load_lm(self.draft_name, "llamacpp", progress=True).lm
+            lm.score([0, 1, 2])
+            lm.reset()
+        return lm
 
     @property
     def model(self):
@@ -64,7 +95,7 @@ class BenchContext:
 
     @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        return (self.engine or self.cpp_engine).tokenizer
 
     @cached_property
     def export_drafter(self):
@@ -76,8 +107,9 @@ class BenchContext:
 
         if self.draft_export is None:
             return None
-        return drafter_from_export(self.draft_export, self.tokenizer, self.target_name, None,
-                                   cpu_draft_threads(self.engine.verifier.computes_on))
+        with measure_memory(self.memory_mb, "draft export"):
+            return drafter_from_export(self.draft_export, self.tokenizer, self.target_name, None,
+                                       cpu_draft_threads(self.engine.verifier.computes_on))
 
     @cached_property
     def datastore(self):
@@ -91,12 +123,19 @@ class BenchContext:
         return Datastore.open(spec, self.tokenizer)
 
 
+TARGET_ONLY = "target only (ours)"
+CPP_TARGET_ONLY = "target only, llama.cpp (ours)"
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     name: str
     make: Callable[[BenchContext], Runner | None]
     peer_of: str | None = None  # for a peer (transformers, llama.cpp): the row of ours it is compared with
     needs: str = ""  # what `make` needs when it returns None, for the report ("a draft model", ...)
+    reference: str = TARGET_ONLY  # target-only decoding on the same backend: greedy outputs must equal its
+    # own, and speedups are over it
+    memory: tuple[str, ...] = ("target",)  # the models it runs (keys of BenchContext.memory_mb)
 
     @property
     def ours(self) -> bool:
@@ -116,13 +155,14 @@ def register(config: BenchConfig, after: str | None = None) -> BenchConfig:
     return config
 
 
-def ours(ctx: BenchContext, drafter, **config: object) -> Runner:
-    """A runner for our runtime with `drafter` (None: target-only) and GenerationConfig overrides
-    (e.g. pipeline="overlap"), timing every token; the draft/verify spans are the request's own
-    (GenerationResult.spans), so overlapped work shows as overlapped."""
+def ours(ctx: BenchContext, drafter, engine: Engine | None = None, **config: object) -> Runner:
+    """A runner for our runtime (`engine`, default the torch target) with `drafter` (None: target-only)
+    and GenerationConfig overrides (e.g. pipeline="overlap"), timing every token; the draft/verify spans
+    are the request's own (GenerationResult.spans), so overlapped work shows as overlapped."""
+    base = engine or ctx.engine
 
     def run(ids: list[int], cfg: GenerationConfig) -> Output:
-        engine = ctx.engine.with_drafter(drafter)  # paired with a fallback as Engine.load pairs them
+        engine = base.with_drafter(drafter)  # paired with a fallback as Engine.load pairs them
         out = Output([])
         start = time.perf_counter()
         for event in engine.stream(ids, replace(cfg, **config)):
@@ -136,6 +176,22 @@ def ours(ctx: BenchContext, drafter, **config: object) -> Runner:
         return out
 
     return run
+
+
+def resident_mb() -> float:
+    """This process's resident memory (Linux /proc; 0 where it cannot be read)."""
+    try:
+        return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+@contextmanager
+def measure_memory(into: dict[str, float], key: str):
+    """Record how much resident memory loading a model added (weights, caches, runtime buffers)."""
+    before = resident_mb()
+    yield
+    into[key] = round(resident_mb() - before, 1)
 
 
 class _TokenClock:
@@ -186,7 +242,6 @@ def _with_store(make):
     return lambda ctx: None if ctx.datastore is None else make(ctx)
 
 
-TARGET_ONLY = "target only (ours)"
 _STORE, _DRAFT = "a retrieval datastore", "a draft model (--draft-model)"
 _EXPORT = "an exported draft (--draft-export DIR, made by `mirrorsd export`)"
 
@@ -203,11 +258,69 @@ register(BenchConfig("chain n-gram + retrieval (ours)",
 for _mode in ("sequential", "overlap", "branches"):  # issue #4's pipeline: one row per schedule
     register(BenchConfig(f"draft model, {_mode} (ours)",
                          lambda ctx, mode=_mode: ours(ctx, _draft_model(ctx), pipeline=mode) if ctx.draft_lm is not None
-                         else None, needs=_DRAFT))
+                         else None, needs=_DRAFT, memory=("target", "draft")))
 for _mode in ("sequential", "overlap", "branches"):  # the same draft exported (issue #3), on ONNX Runtime
     register(BenchConfig(f"exported draft, {_mode} (ours)",
                          lambda ctx, mode=_mode: ours(ctx, ctx.export_drafter, pipeline=mode)
-                         if ctx.draft_export is not None else None, needs=_EXPORT))
+                         if ctx.draft_export is not None else None, needs=_EXPORT, memory=("target", "draft export")))
 register(BenchConfig("assisted generation (transformers)",
                      lambda ctx: transformers_generate(ctx, assistant_model=ctx.draft_lm) if ctx.draft_lm is not None
                      else None, peer_of="draft model, sequential (ours)", needs=_DRAFT))
+
+
+# -- llama.cpp (issue #13): the target's GGUF file as it is; greedy outputs are compared with llama.cpp's
+# own target-only decoding, a batched quantized kernel being allowed to differ only at a near-tie.
+
+def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner | None:
+    """llama-cpp-python's own generation on the same GGUF file (its prompt-lookup drafting with
+    prompt_lookup=True): the peer a laptop user would pick instead."""
+    if ctx.cpp_engine is None:
+        return None
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from mirrorsd.runtime.backends.llamacpp_lm import physical_cores
+
+    lm = ctx.cpp_engine.verifier
+    threads = physical_cores()
+    # A draft model makes llama-cpp-python keep logits for every position: n_ctx x vocab floats.
+    llm = Llama(model_path=str(lm.path), n_ctx=2048 if prompt_lookup else lm.max_context, n_threads=threads,
+                n_threads_batch=threads, n_gpu_layers=-1 if lm.computes_on == "gpu" else 0, verbose=False,
+                draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10) if prompt_lookup else None)
+    eos = ctx.cpp_engine.eos_ids
+
+    def run(ids: list[int], cfg: GenerationConfig) -> Output:
+        out, start = Output([]), time.perf_counter()
+        sampling = dict(temp=cfg.temperature, top_p=cfg.top_p, top_k=0, min_p=0.0) if cfg.temperature > 0 else \
+            dict(temp=0.0)
+        for token in llm.generate(ids, reset=True, repeat_penalty=1.0, **sampling):
+            out.tokens.append(int(token))
+            out.token_times.append(time.perf_counter() - start)
+            if len(out.tokens) >= cfg.max_new_tokens or token in eos:
+                break
+        return out
+
+    return run
+
+
+def _cpp(make):
+    return lambda ctx: None if ctx.cpp_engine is None else make(ctx)
+
+
+_CPP = "llama-cpp-python (pip install 'mirrorsd[llamacpp]') and a GGUF target (every catalog model)"
+_CPP_DRAFT = "llama-cpp-python and a GGUF draft model (--draft-model, a catalog name or .gguf)"
+_CPP_ROW = dict(reference=CPP_TARGET_ONLY, needs=_CPP, memory=("target (llama.cpp)",))
+
+register(BenchConfig(CPP_TARGET_ONLY, _cpp(lambda ctx: ours(ctx, None, engine=ctx.cpp_engine)), **_CPP_ROW))
+register(BenchConfig("llama-cpp-python generate", llama_cpp_generate, peer_of=CPP_TARGET_ONLY, **_CPP_ROW))
+register(BenchConfig("n-gram, llama.cpp (ours)", _cpp(lambda ctx: ours(ctx, NGramDrafter(), engine=ctx.cpp_engine)),
+                     **_CPP_ROW))
+register(BenchConfig("prompt lookup (llama-cpp-python)", lambda ctx: llama_cpp_generate(ctx, prompt_lookup=True),
+                     peer_of="n-gram, llama.cpp (ours)", **_CPP_ROW))
+register(BenchConfig("chain n-gram + retrieval, llama.cpp (ours)",
+                     _cpp(_with_store(lambda ctx: ours(ctx, ChainDrafter(NGramDrafter(), RetrievalDrafter(ctx.datastore)),
+                                                       engine=ctx.cpp_engine))), **_CPP_ROW))
+register(BenchConfig("draft model, llama.cpp (ours)",
+                     lambda ctx: None if ctx.cpp_draft_lm is None else
+                     ours(ctx, ModelDrafter(ctx.cpp_draft_lm), engine=ctx.cpp_engine),
+                     reference=CPP_TARGET_ONLY, needs=_CPP_DRAFT, memory=("target (llama.cpp)", "draft (llama.cpp)")))

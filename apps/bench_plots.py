@@ -29,11 +29,13 @@ def write_plots(report: dict, cells: dict, prompts: list, outdir: Path) -> list[
 
 def _subtitle(report: dict) -> str:
     m = report["models"]
-    return m["target"]["name"] + (f" / draft {m['draft']['name']}" if "draft" in m else "")
+    target = (m.get("target") or m.get("target (llama.cpp)") or {"name": "?"})["name"]
+    draft = next((m[k]["name"] for k in ("draft", "draft (llama.cpp)") if k in m), None)
+    return target + (f" / draft {draft}" if draft else "")
 
 
 def _speedup(plt, report, cells, prompts):
-    rows = [r for r in report["rows"] if r["configuration"] != TARGET_ONLY]
+    rows = [r for r in report["rows"] if r["configuration"] != r.get("reference", TARGET_ONLY)]
     if not rows:
         return None
     groups = ["all", *report["categories"]]
@@ -47,7 +49,7 @@ def _speedup(plt, report, cells, prompts):
                label=r["configuration"] + (" (FAILED)" if failed else ""), hatch="//" if failed else None)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(groups)), groups)
-    ax.set_ylabel("speedup over target-only (tok/s ratio)")
+    ax.set_ylabel("speedup over target-only, same backend (tok/s ratio)")
     ax.set_title(f"Speedup by configuration and category: {_subtitle(report)}")
     ax.legend(fontsize=7, ncol=2)
     return fig

@@ -21,17 +21,18 @@ def why_no_window() -> str | None:
 
 
 def run_chat(target: str, draft: str, device: str = "auto", dtype: str = "auto",
-             settings: ChatSettings | None = None, terminal: bool = False, highlight: bool | None = None) -> int:
+             settings: ChatSettings | None = None, terminal: bool = False, highlight: bool | None = None,
+             backend: str = "auto") -> int:
     reason = "--terminal" if terminal else why_no_window()
     if reason is None:
         from mirrorsd.apps.chat_window import run_window
 
-        return run_window(target, draft, device, dtype, settings)
+        return run_window(target, draft, device, dtype, settings, backend=backend)
     if not terminal:
         print(f"mirrorsd chat: {reason}; chatting in the terminal", file=sys.stderr)
     from mirrorsd.apps.chat_terminal import run_terminal_chat
     from mirrorsd.engine import Engine
 
-    with Engine.load(target=target, draft=draft, device=device, dtype=dtype, progress=True) as engine:
+    with Engine.load(target=target, draft=draft, device=device, dtype=dtype, progress=True, backend=backend) as engine:
         run_terminal_chat(ChatSession(engine, settings), highlight=highlight)
     return 0

@@ -62,13 +62,13 @@ class _Input(QPlainTextEdit):
 
 class ChatWindow(QMainWindow):
     def __init__(self, target: str = "smollm2-135m", draft: str = "auto", device: str = "auto", dtype: str = "auto",
-                 settings: ChatSettings | None = None, engine=None) -> None:
+                 settings: ChatSettings | None = None, engine=None, backend: str = "auto") -> None:
         """With `engine`, chat with it at once; otherwise load `target`/`draft` in the background."""
         super().__init__()
         self.setWindowTitle("mirrorsd chat")
         self.resize(900, 640)
         self.session = ChatSession(engine, settings or ChatSettings())
-        self.device, self.dtype = device, dtype
+        self.device, self.dtype, self.backend = device, dtype, backend
         self.signals = _Signals()
         self.signals.token.connect(self._on_token)
         self.signals.turn_done.connect(self._on_turn_done)
@@ -216,7 +216,8 @@ class ChatWindow(QMainWindow):
             from mirrorsd.engine import Engine
 
             try:
-                engine = Engine.load(target=target, draft=draft, device=self.device, dtype=self.dtype)
+                engine = Engine.load(target=target, draft=draft, device=self.device, dtype=self.dtype,
+                                     backend=self.backend)
             except Exception as exc:  # shown in the window
                 self.signals.load_failed.emit(describe_error(exc))
                 return
@@ -337,8 +338,8 @@ class ChatWindow(QMainWindow):
 
 
 def run_window(target: str, draft: str, device: str = "auto", dtype: str = "auto",
-               settings: ChatSettings | None = None) -> int:
+               settings: ChatSettings | None = None, backend: str = "auto") -> int:
     app = QApplication.instance() or QApplication([])
-    window = ChatWindow(target, draft, device, dtype, settings)
+    window = ChatWindow(target, draft, device, dtype, settings, backend=backend)
     window.show()
     return app.exec()

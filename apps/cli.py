@@ -13,6 +13,11 @@ from mirrorsd.errors import MirrorsdError
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Lossless speculative decoding on one machine's chips.")
 
+BACKEND_HELP = ("Model backend: auto (llama.cpp for a GGUF model, i.e. catalog models and .gguf files, where "
+                "llama-cpp-python is installed; else torch) | llamacpp | torch (float32 reference).")
+Backend = Annotated[str, typer.Option(help=BACKEND_HELP)]
+DraftBackend = Annotated[Optional[str], typer.Option(help="Backend of a draft model (default: --backend).")]
+
 
 @app.command()
 def generate(
@@ -34,7 +39,9 @@ def generate(
     draft_device: Annotated[Optional[str], typer.Option(
         help="Draft device: a torch device for a draft model (default: the verifier's), or a backend for an "
              "export: cpu | coreml | qnn | openvino | dml | vitisai | cuda (default: the placement policy).")] = None,
-    dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16 (torch backend).")] = "auto",
+    backend: Backend = "auto",
+    draft_backend: DraftBackend = None,
     raw: Annotated[bool, typer.Option(help="Use the prompt as raw text, no chat template.")] = False,
     pipeline: Annotated[str, typer.Option(help="auto | sequential | overlap | branches (how drafting and "
                                                "verification are scheduled; output is the same).")] = "auto",
@@ -53,7 +60,7 @@ def generate(
                            stop=tuple(stop or ()), pipeline=pipeline, early_exit_layer=early_exit_layer,
                            branch_width=branch_width)
     engine = Engine.load(target=target, draft=draft, device=device, dtype=dtype, draft_device=draft_device,
-                         progress=True)
+                         progress=True, backend=backend, draft_backend=draft_backend)
     request = prompt if raw else [{"role": "user", "content": prompt}]
     if not raw and getattr(engine.tokenizer, "chat_template", None) is None:
         request = prompt
@@ -70,7 +77,7 @@ def generate(
     else:
         alpha = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"
         hidden = "" if s.pipeline == "sequential" else f", {s.pipeline}: {s.hidden_draft_share or 0:.0%} of draft time hidden"
-        print(f"\n\n[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s, drafter {s.drafter}, "
+        print(f"\n\n[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s on {s.backend}, drafter {s.drafter}, "
               f"acceptance {alpha}, mean accepted length {s.mean_accepted_length:.2f}, "
               f"{s.verify_steps} verify steps{hidden}, finish: {result.finish_reason}]", file=sys.stderr)
         if trace:
@@ -188,6 +195,17 @@ def devices(
         print(f"exports     {len(exports)} in {exports_dir()}" + "".join(f"\n            {e.path} ({e.format}, "
                                                                         f"{e.profile}, quant {e.quant})" for e in exports))
     p = place(inv, exports, explicit=bool(draft), draft_device=draft_device, verifier_device=verifier_device)
+    from mirrorsd.runtime.backends import llamacpp_installed
+
+    if llamacpp_installed():
+        import llama_cpp
+
+        gpu = "with GPU offload" if llama_cpp.llama_supports_gpu_offload() else "CPU build"
+        print(f"backend     auto -> llamacpp for GGUF models (every catalog model, .gguf files): llama-cpp-python "
+              f"is installed ({gpu}); torch (float32) for Hugging Face folders")
+    else:
+        print("backend     auto -> torch (float32): llama-cpp-python is not installed "
+              "(pip install 'mirrorsd[llamacpp]' runs GGUF models on llama.cpp's quantized kernels)")
     print(f"verifier -> {p.verifier}: {p.verifier_reason}")
     if p.draft == "export":
         print(f"draft    -> {p.draft_export} on {p.draft_backend}: {p.draft_reason}")
@@ -282,6 +300,7 @@ def chat(
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens per reply.")] = 512,
     device: Device = "auto",
     dtype: Dtype = "auto",
+    backend: Backend = "auto",
     terminal: Annotated[bool, typer.Option(help="Chat in the terminal even where a window could open.")] = False,
     highlight: Annotated[Optional[bool], typer.Option(help="Terminal: colour draft-accepted tokens "
                                                           "(default: when output is a terminal).")] = None,
@@ -292,7 +311,8 @@ def chat(
 
     settings = ChatSettings(temperature=temperature, max_new_tokens=max_new_tokens)
     settings.config()  # bad settings fail here, before any model loads
-    sys.exit(run_chat(target, draft, device, dtype, settings, terminal=terminal, highlight=highlight))
+    sys.exit(run_chat(target, draft, device, dtype, settings, terminal=terminal, highlight=highlight,
+                      backend=backend))
 
 
 @app.command()
@@ -309,6 +329,8 @@ def serve(
     device: Device = "auto",
     draft_device: Annotated[Optional[str], typer.Option(help="Draft model device (default: same as --device).")] = None,
     dtype: Dtype = "auto",
+    backend: Backend = "auto",
+    draft_backend: DraftBackend = None,
 ) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions (SSE streaming), /v1/models, /health."""
     try:
@@ -318,7 +340,7 @@ def serve(
     from mirrorsd import Engine
 
     engine = Engine.load(target=target, draft=draft, device=device, dtype=dtype, draft_device=draft_device,
-                         progress=True)
+                         progress=True, backend=backend, draft_backend=draft_backend)
     with engine:
         print(f"mirrorsd: serving {model_name or target} at http://{host}:{port}/v1", file=sys.stderr)
         run_server(engine, host=host, port=port, api_key=api_key, model_name=model_name or target,

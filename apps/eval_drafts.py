@@ -46,6 +46,7 @@ class EvalOptions:
     k_max: int = 8
     price_per_hour: float | None = None
     dtype: str = "float32"
+    backend: str = "auto"
     out: str = "eval-drafts-out"
 
 
@@ -63,11 +64,12 @@ def run_eval_drafts(opts: EvalOptions, engine: Engine | None = None, candidates:
     prompts = random.Random(opts.seed).sample(workload, min(opts.samples, len(workload)))
     if engine is None:
         console.print(f"loading {opts.target}")
-        engine = Engine.load(target=opts.target, draft="none", dtype=opts.dtype, progress=True)
+        engine = Engine.load(target=opts.target, draft="none", dtype=opts.dtype, progress=True, backend=opts.backend)
     if candidates is None:
         from mirrorsd.runtime.drafters import make_drafter
 
-        candidates = {spec: make_drafter(spec, engine.tokenizer, opts.target, dtype=opts.dtype, progress=True)
+        candidates = {spec: make_drafter(spec, engine.tokenizer, opts.target, dtype=opts.dtype, progress=True,
+                                         backend=opts.backend)
                       for spec in opts.drafters}
     if not candidates:
         raise ConfigError("no candidate drafters", "e.g. --drafter ngram --drafter qwen2.5-coder-0.5b")

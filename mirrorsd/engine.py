@@ -61,7 +61,7 @@ class Engine:
     def load(cls, target: str = "smollm2-135m", draft: str | Drafter | None = "auto", device: str | None = "auto",
              dtype: str | torch.dtype | None = "auto", draft_device: str | None = None,
              draft_dtype: str | torch.dtype | None = None, progress: bool = False,
-             verifier_device: str | None = None, backend: str = "torch", draft_backend: str | None = None) -> "Engine":
+             verifier_device: str | None = None, backend: str = "auto", draft_backend: str | None = None) -> "Engine":
         """Load a target and pick a drafter.
 
         draft: see mirrorsd.runtime.drafters.make_drafter: "auto" (best available; on a machine without
@@ -69,7 +69,10 @@ class Engine:
         argument for an independent draft model, an export folder, or a Drafter instance.
         device / verifier_device (alias): the target's device. draft_device: a draft model's device, or
         the backend for an export (cpu, coreml, qnn, openvino, dml, vitisai, cuda).
-        backend / draft_backend: the model backends (runtime/backends/; "torch" is the float32 reference).
+        backend / draft_backend: the model backends (runtime/backends/): "auto" (llama.cpp for a GGUF model,
+        i.e. every catalog model and .gguf files, where llama-cpp-python is installed; else torch),
+        "llamacpp" (the GGUF as it is, on llama.cpp's kernels), "torch" (float32 reference).
+        draft_backend defaults to backend.
         """
         device = verifier_device or device
         loaded = load_lm(target, backend, device=device, dtype=dtype, progress=progress)
@@ -170,7 +173,7 @@ class Engine:
             budget = min(cfg.max_new_tokens, self.verifier.max_context - len(ids))
             mode = self.pipeline_mode(cfg)
             timeline = Timeline()
-            recorder = StatsRecorder(len(ids), timeline, mode)
+            recorder = StatsRecorder(len(ids), timeline, mode, self.verifier.backend)
             text = _TextAssembler(self.tokenizer, cfg.stop)
             tokens: list[int] = []
             from_draft: list[bool] = []

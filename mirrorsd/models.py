@@ -40,6 +40,25 @@ def resolve_model_path(spec: str, progress: bool = False) -> str:
     )
 
 
+def resolve_gguf(spec: str, progress: bool = False) -> tuple[Path, Path]:
+    """(GGUF file, tokenizer folder) for a model argument that is a GGUF: a catalog name or a .gguf path."""
+    if spec in catalog.CATALOG:
+        gguf = catalog.ensure_gguf(spec, progress=progress)
+    else:
+        gguf = Path(spec).expanduser()
+        if gguf.suffix != ".gguf":
+            raise ModelNotFoundError(f"{spec!r} is not a GGUF model: the llama.cpp backend runs GGUF files",
+                                     "give a catalog name or a .gguf file, or use --backend torch")
+        if not gguf.is_file():
+            raise ModelNotFoundError(f"GGUF file {spec!r} does not exist", "check the path")
+    return gguf, catalog.gguf_tokenizer(gguf, progress)
+
+
+def is_gguf(spec: str) -> bool:
+    """Whether a model argument names a GGUF file (every catalog model is one)."""
+    return spec in catalog.CATALOG or Path(spec).suffix == ".gguf"
+
+
 def load_model(spec: str, device: torch.device, dtype: torch.dtype, progress: bool = False):
     """(model, tokenizer) for a model argument, on `device` in `dtype`, in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

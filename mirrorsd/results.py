@@ -24,6 +24,7 @@ class GenerationStats:
     drafters: dict[str, int] = field(default_factory=dict)  # source -> verify steps it served
     fallbacks: tuple[str, ...] = ()  # drafters dropped during the request, with the reason
     pipeline: str = "sequential"  # the mode that ran: sequential, overlap or branches
+    backend: str = ""  # the target's model backend and device: "torch:cpu", "llamacpp:cpu", "llamacpp:gpu", ...
     branch_hits: int = 0  # steps that left the lookahead and landed on a prepared early-exit branch
     branch_misses: int = 0  # steps that left the lookahead with branches prepared, none of them right
 
@@ -91,10 +92,11 @@ class GenerationStats:
 class StatsRecorder:
     """Accumulates Steps (and the request's timeline of draft/verify work) into GenerationStats."""
 
-    def __init__(self, prompt_tokens: int, timeline=None, pipeline: str = "sequential") -> None:
+    def __init__(self, prompt_tokens: int, timeline=None, pipeline: str = "sequential", backend: str = "") -> None:
         self.prompt_tokens = prompt_tokens
         self.timeline = timeline
         self.pipeline = pipeline
+        self.backend = backend
         self.branch_hits = self.branch_misses = 0
         self.generated = self.steps = self.drafted = self.accepted = 0
         self.draft_time = self.verify_time = 0.0
@@ -142,6 +144,7 @@ class StatsRecorder:
             drafters=dict(self.drafters),
             fallbacks=tuple(self.fallbacks),
             pipeline=self.pipeline,
+            backend=self.backend,
             branch_hits=self.branch_hits,
             branch_misses=self.branch_misses,
         )

@@ -66,4 +66,41 @@ def _load_torch(spec: str, device: str | None = "auto", dtype=None, progress: bo
     return LoadedModel(TorchCausalLM(model, dev), tokenizer, eos_ids(model, tokenizer))
 
 
+def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress: bool = False) -> LoadedModel:
+    """The GGUF file as it is, on llama.cpp's kernels (dtype does not apply: the file's quantization is
+    used). device "cpu" keeps every layer on the CPU; otherwise layers go to the GPU where the build has one."""
+    from transformers import AutoTokenizer
+
+    from mirrorsd.models import resolve_gguf
+    from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM, import_llama_cpp
+
+    import_llama_cpp()  # before any download: say at once that the extra is missing
+    gguf, tokenizer_dir = resolve_gguf(spec, progress)
+    lm = LlamaCppLM(gguf, gpu_layers=0 if device == "cpu" else None)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
+    eos = lm.eog_ids(special) | eos_ids(None, tokenizer)
+    return LoadedModel(lm, tokenizer, eos)
+
+
+def llamacpp_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def auto_backend(spec: str) -> str:
+    """"llamacpp" for a GGUF model (every catalog model, a .gguf file) where llama-cpp-python is installed:
+    the file's own quantized kernels; "torch" (float32) otherwise."""
+    from mirrorsd.models import is_gguf
+
+    return "llamacpp" if is_gguf(spec) and llamacpp_installed() else "torch"
+
+
+def _load_auto(spec: str, device: str | None = "auto", dtype=None, progress: bool = False) -> LoadedModel:
+    return BACKENDS[auto_backend(spec)](spec, device=device, dtype=dtype, progress=progress)
+
+
 register_backend("torch", _load_torch)
+register_backend("llamacpp", _load_llamacpp)
+register_backend("auto", _load_auto)

@@ -140,3 +140,24 @@ def test_bench_command_line_with_a_prompt_file(tmp_path, tokenizer):
     assert "n-gram (ours)" in done.stdout
     bad = subprocess.run([*cmd[:-2], "--only", "no such row"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "unknown configuration" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.integration
+def test_llamacpp_rows_on_the_catalog_gguf(tmp_path):
+    """smollm2-135m's GGUF on llama.cpp: our rows and llama-cpp-python's own generation side by side, each
+    checked against llama.cpp's target-only decoding (equal, or a measured near-tie), with model memory."""
+    pytest.importorskip("llama_cpp")
+    from mirrorsd.apps.bench_configs import CPP_TARGET_ONLY
+
+    rows = (CPP_TARGET_ONLY, "llama-cpp-python generate", "n-gram, llama.cpp (ours)", "prompt lookup (llama-cpp-python)")
+    report = run_bench(BenchOptions(target="smollm2-135m", draft_model=None, per_category=1, max_new_tokens=16,
+                                    repeats=1, only=rows, out=str(tmp_path)), datastore=None)
+    by_name = {r["configuration"]: r for r in report["rows"]}
+    assert list(by_name) == list(rows)  # no torch row was asked for, so none ran
+    for r in by_name.values():
+        assert r["reference"] == CPP_TARGET_ONLY and r["greedy_equal_to_target_only"] is True, r
+        assert r["model_memory_mb"] > 50  # the Q4_1 file's weights, resident
+    assert by_name["n-gram, llama.cpp (ours)"]["acceptance_rate"] is not None
+    assert {p["ours"] for p in report["ours_vs_peers"]} == {CPP_TARGET_ONLY, "n-gram, llama.cpp (ours)"}
+    assert "target (llama.cpp)" in report["models"] and (tmp_path / "report.md").is_file()
+    assert CPP_TARGET_ONLY in report["settings"]["near_tie_tolerance"]

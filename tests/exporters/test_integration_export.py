@@ -28,7 +28,7 @@ def test_smollm2_npu_export_validates(smol_export):
 
 def test_engine_with_the_smollm2_export_is_token_equal(smol_export):
     folder, _ = smol_export
-    engine = Engine.load(target="smollm2-135m", draft=str(folder), draft_device="cpu")
+    engine = Engine.load(target="smollm2-135m", draft=str(folder), draft_device="cpu", backend="torch")
     plain = Engine(engine.verifier.model, engine.tokenizer, None)
     engine.eos_ids = plain.eos_ids = frozenset()
     assert engine.drafter.name == "onnx:CPU"

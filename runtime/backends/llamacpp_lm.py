@@ -1,0 +1,123 @@
+"""The llama.cpp backend: the GGUF file as it is, on llama.cpp's own quantized kernels.
+
+Through llama-cpp-python (the optional `mirrorsd[llamacpp]` extra; it compiles llama.cpp when installed:
+CPU by default, `CMAKE_ARGS="-DGGML_METAL=on"` / `"-DGGML_CUDA=on"` / `"-DGGML_VULKAN=on"` for a GPU).
+Cache reconciliation is PrefixCachedLM's: a step feeds only the tokens the KV cache lacks, in one
+batch, asking llama.cpp for logits at the last k+1 positions only; rollback removes the KV cells past
+the committed length (`llama_memory_seq_rm`). No early exit (llama.cpp runs the graph whole) and no
+per-layer thread control: the pipeline runs "branches" as "overlap" and shares no cores.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mirrorsd.errors import ConfigError, ModelNotFoundError
+from mirrorsd.runtime.backends.base import PrefixCachedLM
+
+DEFAULT_CONTEXT = 4096  # KV cells to allocate (the model's training context if smaller)
+EXTRA = "llamacpp"
+
+
+def import_llama_cpp():
+    """llama_cpp, or a clear error naming the extra that installs it."""
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise ConfigError("the llama.cpp backend needs llama-cpp-python, which is not installed",
+                          f"pip install 'mirrorsd[{EXTRA}]' (it compiles llama.cpp: several minutes), "
+                          "or use --backend torch") from exc
+    return llama_cpp
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (llama.cpp's threads gain nothing from SMT siblings)."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in allowed:
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip()))
+        except OSError:
+            return max(1, len(allowed))
+    return max(1, len(cores))
+
+
+class LlamaCppLM(PrefixCachedLM):
+    """CausalLM over a llama.cpp context for one GGUF file."""
+
+    early_exit = None
+    threads = None
+
+    def __init__(self, gguf: str | Path, n_ctx: int = DEFAULT_CONTEXT, threads: int | None = None,
+                 gpu_layers: int | None = None) -> None:
+        """threads: CPU threads (default: the physical cores); gpu_layers: layers offloaded to the GPU
+        (default: all where the build supports a GPU, else none)."""
+        super().__init__()
+        llama_cpp = import_llama_cpp()
+        gguf = Path(gguf)
+        if not gguf.is_file():
+            raise ModelNotFoundError(f"GGUF file {str(gguf)!r} does not exist", "check the path")
+        offload = bool(llama_cpp.llama_supports_gpu_offload())
+        gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
+        threads = threads or physical_cores()
+        try:
+            self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=512, n_threads=threads,
+                                       n_threads_batch=threads, n_gpu_layers=gpu_layers, logits_all=False,
+                                       verbose=False)
+        except (ValueError, RuntimeError) as exc:
+            raise ModelNotFoundError(
+                f"llama.cpp could not load {gguf.name}: {exc}",
+                "the file may be corrupt or of an architecture this llama.cpp build does not know; "
+                "check it with `gguf-dump`, or use --backend torch") from exc
+        self.path = gguf
+        self.vocab_size = int(self.llm.n_vocab())
+        self.max_context = min(int(self.llm.n_ctx()), int(self.llm._model.n_ctx_train()) or n_ctx)
+        self.computes_on = "gpu" if offload and gpu_layers != 0 else "cpu"
+        self.backend = f"llamacpp:{self.computes_on}"
+        self.n_threads = threads
+
+    def eog_ids(self, candidates) -> frozenset[int]:
+        """Which of these token ids end generation for llama.cpp (EOS, EOT, <|im_end|>, ...)."""
+        import llama_cpp
+
+        vocab = self.llm._model.vocab
+        return frozenset(int(t) for t in candidates if 0 <= int(t) < self.vocab_size
+                         and llama_cpp.llama_vocab_is_eog(vocab, int(t)))
+
+    # -- CausalLM ----------------------------------------------------------------------------------
+
+    def _feed(self, new: list[int], rows: int) -> torch.Tensor:
+        """Decode `new` in batches of n_batch; logits [rows, V] for the last rows positions only."""
+        llm, ctx, batch = self.llm, self.llm._ctx, self.llm._batch
+        first_wanted = len(new) - rows
+        out: list[np.ndarray] = []
+        n_past = len(self._cached)
+        for start in range(0, len(new), llm.n_batch):
+            chunk = new[start:start + llm.n_batch]
+            batch.set_batch(batch=chunk, n_past=n_past, logits_all=False)
+            wanted = 0
+            for i in range(len(chunk)):
+                keep = start + i >= first_wanted
+                batch.batch.logits[i] = keep
+                wanted += keep
+            ctx.decode(batch)
+            if wanted:
+                logits = np.ctypeslib.as_array(ctx.get_logits(), shape=(wanted * self.vocab_size,))
+                out.append(logits.reshape(wanted, self.vocab_size).copy())
+            n_past += len(chunk)
+            self._cached.extend(chunk)
+            llm.n_tokens = n_past  # keep llama-cpp-python's own bookkeeping in step
+        return torch.from_numpy(np.concatenate(out))  # [rows, V] float32
+
+    def _drop(self, length: int) -> None:
+        self.llm._ctx.kv_cache_seq_rm(-1, length, -1)
+        self.llm.n_tokens = length
+
+    def close(self) -> None:
+        self.reset()
+        self.llm.close()

@@ -1,0 +1,62 @@
+"""Tiny GGUF files written in the test run with the `gguf` package (no hub, no converter script): the
+tiny random Llama of conftest, its weights laid out as llama.cpp reads them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """HF's rotary layout -> llama.cpp's (as llama.cpp's convert_hf_to_gguf.py does for q and k)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_llama_gguf(model, path: Path, quant: str = "F32") -> Path:
+    """The transformers LlamaForCausalLM `model` as a GGUF file (no tokenizer inside: "no_vocab", the
+    vocabulary size only; mirrorsd brings the tokenizer). quant: "F32" or "Q8_0" for the matrices."""
+    import gguf
+
+    cfg = model.config
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(float(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]))
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_tokenizer_model("no_vocab")
+    kind = gguf.GGMLQuantizationType[quant]
+
+    def add(name: str, w: np.ndarray, matrix: bool = True) -> None:
+        if matrix and kind != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, gguf.quants.quantize(w, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
+
+    add("token_embd.weight", sd["model.embed_tokens.weight"])
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        add(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"], matrix=False)
+        add(f"blk.{i}.attn_q.weight", _permute(sd[p + "self_attn.q_proj.weight"], cfg.num_attention_heads))
+        add(f"blk.{i}.attn_k.weight", _permute(sd[p + "self_attn.k_proj.weight"], cfg.num_key_value_heads))
+        add(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
+        add(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"])
+        add(f"blk.{i}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"], matrix=False)
+        add(f"blk.{i}.ffn_gate.weight", sd[p + "mlp.gate_proj.weight"])
+        add(f"blk.{i}.ffn_up.weight", sd[p + "mlp.up_proj.weight"])
+        add(f"blk.{i}.ffn_down.weight", sd[p + "mlp.down_proj.weight"])
+    add("output_norm.weight", sd["model.norm.weight"], matrix=False)
+    add("output.weight", sd["lm_head.weight"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

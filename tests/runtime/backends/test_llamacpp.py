@@ -1,0 +1,172 @@
+"""The llama.cpp backend on tiny GGUF files written in the test (float32 and Q8_0): greedy equality with
+its own one-token-at-a-time decoding in every mode (a quantized kernel may differ only at a near-tie),
+the same model as torch on float32 weights, rollback against a fresh cache, the sampling distribution,
+and bad input."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from drafters_for_tests import RandomTokenDrafter
+from gguf_files import write_llama_gguf
+from helpers import pvalue
+from mirrorsd import Engine, GenerationConfig
+from mirrorsd.errors import ConfigError, ModelNotFoundError
+from mirrorsd.runtime.backends.base import batch_discrepancy
+from mirrorsd.runtime.drafters import ModelDrafter, NGramDrafter
+
+pytest.importorskip("llama_cpp", reason="the llama.cpp backend is in the test extra: bash scripts/setup.sh installs it")
+from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM  # noqa: E402
+
+PROMPT = "def quicksort(arr):\n    if len(arr) <= 1:"
+
+
+def tiny_llama(tokenizer, seed: int, sharpness: float = 30.0):
+    """Like conftest's tiny Llama, with widths that Q8_0's 32-wide blocks divide."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+                      tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpness)
+    return model
+
+
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory, tokenizer):
+    folder = tmp_path_factory.mktemp("gguf")
+    target, draft = tiny_llama(tokenizer, seed=0), tiny_llama(tokenizer, seed=1)
+    return {"target": target,
+            "F32": write_llama_gguf(target, folder / "target-f32.gguf"),
+            "Q8_0": write_llama_gguf(target, folder / "target-q8.gguf", quant="Q8_0"),
+            "draft": write_llama_gguf(draft, folder / "draft-q8.gguf", quant="Q8_0")}
+
+
+def one_at_a_time(lm: LlamaCppLM, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """The reference: greedy, one token per call, from a fresh cache; and the top-2 gap at each step."""
+    lm.reset()
+    context, gaps = list(prompt), []
+    for _ in range(n):
+        logits = lm.score(context)[-1]
+        top = torch.topk(logits, 2).values
+        gaps.append(float(top[0] - top[1]))
+        context.append(int(logits.argmax()))
+    return context[len(prompt):], gaps
+
+
+def assert_equal_or_near_tie(got: list[int], expected: list[int], gaps: list[float], tolerance: float) -> None:
+    """Equal, or diverged where the top-2 gap is below `tolerance` (twice the measured batch discrepancy)."""
+    if got == expected:
+        return
+    at = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
+    assert gaps[at] < tolerance, f"diverged at token {at} where the top-2 gap is {gaps[at]:.4g}: not a near-tie"
+
+
+def test_it_is_the_models_own_float32_decoding(ggufs, tokenizer):
+    """On float32 weights llama.cpp and torch run the same model: greedy outputs agree."""
+    ids = tokenizer(PROMPT)["input_ids"]
+    lm = LlamaCppLM(ggufs["F32"], threads=1)
+    ours, _ = one_at_a_time(lm, ids, 30)
+    with torch.no_grad():
+        out = ggufs["target"].generate(torch.tensor([ids]), max_new_tokens=30, do_sample=False, eos_token_id=None)
+    assert ours == out[0, len(ids):].tolist()
+    assert lm.backend == "llamacpp:cpu" and lm.computes_on == "cpu" and lm.vocab_size == len(tokenizer)
+
+
+@pytest.mark.parametrize("quant", ["F32", "Q8_0"])
+@pytest.mark.parametrize("mode", ["sequential", "overlap", "branches"])
+@pytest.mark.parametrize("drafter", ["self", "other", "ngram", "random"])
+def test_greedy_equals_its_own_one_token_decoding_in_every_mode(quant, mode, drafter, ggufs, tokenizer):
+    ids = tokenizer(PROMPT)["input_ids"]
+    lm = LlamaCppLM(ggufs[quant], threads=1)
+    tolerance = max(1e-4, 2 * batch_discrepancy(lm, ids))
+    expected, gaps = one_at_a_time(lm, ids, 40)
+    make = {"self": lambda: ModelDrafter(LlamaCppLM(ggufs[quant], threads=1)),
+            "other": lambda: ModelDrafter(LlamaCppLM(ggufs["draft"], threads=1)),
+            "ngram": NGramDrafter, "random": lambda: RandomTokenDrafter(len(tokenizer))}
+    engine = Engine(lm, tokenizer, make[drafter](), eos_ids=frozenset())
+    cfg = GenerationConfig(max_new_tokens=40, pipeline=mode)
+    assert engine.pipeline_mode(cfg) == ("sequential" if mode == "sequential" else "overlap")  # no early exit
+    for _ in range(2):  # the second request starts from the first one's cache
+        result = engine.generate(ids, cfg)
+        assert_equal_or_near_tie(result.token_ids, expected, gaps, tolerance)
+    assert result.stats.backend == "llamacpp:cpu"
+    if drafter == "self":
+        assert result.stats.accepted_tokens > 0
+
+
+def test_rollback_matches_a_fresh_cache(ggufs, tokenizer):
+    ids = tokenizer(PROMPT)["input_ids"]
+    lm, fresh = LlamaCppLM(ggufs["Q8_0"], threads=1), LlamaCppLM(ggufs["Q8_0"], threads=1)
+    lm.score(ids, [5, 6, 7, 8])  # a draft that gets rejected
+    rolled = lm.score(ids + [9], [10, 11])  # drops 5..8 from the KV cache, feeds 9, 10, 11
+    assert lm._cached == ids + [9, 10, 11]
+    again = fresh.score(ids + [9], [10, 11])
+    assert rolled.shape == (3, len(tokenizer))
+    assert torch.allclose(rolled, again, atol=1e-3) and torch.equal(rolled.argmax(-1), again.argmax(-1))
+
+
+def test_sampling_through_llamacpp_matches_its_own_distribution(ggufs, tokenizer):
+    """Speculative sampling with a llama.cpp draft reproduces the llama.cpp target's distribution of the
+    first two tokens (chi-square), the draft proposing every step."""
+    ids = tokenizer("The quick brown fox")["input_ids"]
+    lm = LlamaCppLM(ggufs["Q8_0"], threads=1)
+    temp = 0.8
+    p1 = torch.softmax(lm.score(ids)[-1] / temp, -1).double().numpy()
+    p2 = sum(p1[t] * torch.softmax(lm.score(ids + [t])[-1] / temp, -1).double().numpy()
+             for t in np.flatnonzero(p1 > 1e-9))
+    engine = Engine(lm, tokenizer, ModelDrafter(LlamaCppLM(ggufs["draft"], threads=1)), eos_ids=frozenset())
+    first, second, drafted = [], [], 0
+    for seed in range(1200):
+        cfg = GenerationConfig(temperature=temp, max_new_tokens=2, num_draft_tokens=2, adaptive_k=False, seed=seed)
+        result = engine.generate(ids, cfg)
+        first.append(result.token_ids[0])
+        second.append(result.token_ids[1])
+        drafted += result.stats.drafted_tokens
+    assert drafted > 1000
+    assert pvalue(np.array(first), p1) > 1e-3 and pvalue(np.array(second), p2) > 1e-3
+
+
+def test_a_corrupt_gguf_is_a_clear_error(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + bytes(range(256)) * 8)
+    with pytest.raises(ModelNotFoundError) as err:
+        LlamaCppLM(bad)
+    assert "could not load broken.gguf" in err.value.message and "--backend torch" in err.value.hint
+
+
+def test_a_gguf_of_an_unknown_architecture_is_a_clear_error(tmp_path, tokenizer):
+    import gguf
+
+    path = tmp_path / "alien.gguf"
+    writer = gguf.GGUFWriter(str(path), "not-an-architecture")
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelNotFoundError) as err:
+        LlamaCppLM(path)
+    assert "alien.gguf" in err.value.message
+
+
+def test_without_llama_cpp_python_the_error_names_the_extra(monkeypatch, ggufs):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` now raises ImportError
+    with pytest.raises(ConfigError) as err:
+        Engine.load(str(ggufs["Q8_0"]), backend="llamacpp", draft="none")
+    assert "llama-cpp-python" in err.value.message and "mirrorsd[llamacpp]" in err.value.hint
+
+
+def test_auto_picks_llamacpp_for_gguf_models_only(ggufs, tiny_folder):
+    from mirrorsd.runtime.backends import auto_backend
+
+    assert auto_backend("smollm2-135m") == "llamacpp" and auto_backend(str(ggufs["Q8_0"])) == "llamacpp"
+    assert auto_backend(str(tiny_folder)) == "torch"
