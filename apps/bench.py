@@ -71,6 +71,8 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
         console.print(f"loading {opts.target}" + (f" and {opts.draft_model}" if opts.draft_model else ""))
         with measure_memory(memory, "target"):
             engine = Engine.load(target=opts.target, draft="none", dtype=opts.dtype, progress=True, backend="torch")
+            engine.verifier.score([0, 1, 2])  # weights load lazily (mmap): touch them before measuring
+            engine.verifier.reset()
         if opts.draft_model and any("draft" in c.memory for c in chosen):
             from mirrorsd.devices import parse_dtype, resolve_device
             from mirrorsd.models import load_model
@@ -81,6 +83,7 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
             with measure_memory(memory, "draft"):
                 draft_lm, draft_tokenizer = load_model(opts.draft_model, device, parse_dtype(opts.dtype, device), True)
                 use_onednn_linear(draft_lm)
+                draft_lm(torch.tensor([[0, 1, 2]], device=device))  # touch the lazily loaded weights
             check_tokenizers_match(engine.tokenizer, draft_tokenizer, opts.target, opts.draft_model)
     ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model, datastore, opts.draft_export, memory)
     prompts = load_workload(opts.prompts_file) if opts.prompts_file else bundled_suite(opts.per_category)

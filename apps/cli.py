@@ -118,8 +118,8 @@ def bench(
                                                              "exported-draft rows, on the backend placement picks.")] = None,
     datastore: Annotated[str, typer.Option(help="Datastore for the retrieval rows: 'default' (this Python's stdlib), "
                                                 "a datastore folder, or 'none' to skip them.")] = "default",
-    only: Annotated[Optional[list[str]], typer.Option(help="Run only this configuration (repeatable; "
-                                                           "target-only always runs).")] = None,
+    only: Annotated[Optional[list[str]], typer.Option(help="Run only this configuration (repeatable; its "
+                                                           "target-only reference row runs too).")] = None,
     quick: Annotated[bool, typer.Option(help="A few minutes: smollm2-135m, no draft model, 1 prompt per category, "
                                              "48 tokens, 2 repeats (explicit options still apply).")] = False,
     out: Annotated[str, typer.Option(help="Folder for report.json, report.md and the PNG plots.")] = "bench-out",

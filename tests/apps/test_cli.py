@@ -40,6 +40,20 @@ def test_default_generate_runs_offline_on_smollm2():
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["text"] and result["stats"]["drafter"] in ("ngram", "retrieval", "none")  # auto: the chain
+    assert result["stats"]["backend"] == "llamacpp:cpu"  # auto: the catalog's GGUF on llama.cpp
+
+
+@pytest.mark.integration
+def test_backend_choice_on_the_command_line_and_in_devices(tiny_folder):
+    torch_run = run("generate", "--backend", "torch", "--max-new-tokens", "8", "--json", "Say hello.")
+    assert torch_run.returncode == 0, torch_run.stderr
+    assert json.loads(torch_run.stdout)["stats"]["backend"] == "torch:cpu"
+    folder = run("generate", "--target", str(tiny_folder), "--max-new-tokens", "4", "--json", "--raw", "hi")
+    assert json.loads(folder.stdout)["stats"]["backend"] == "torch:cpu"  # auto: a folder is no GGUF
+    not_gguf = run("generate", "--target", str(tiny_folder), "--backend", "llamacpp", "hi")
+    assert not_gguf.returncode == 2 and "GGUF" in not_gguf.stderr and "Traceback" not in not_gguf.stderr
+    devices = run("devices")
+    assert devices.returncode == 0 and "auto -> llamacpp for GGUF models" in devices.stdout
 
 
 def test_datastore_build_info_and_generate_with_it(tiny_folder, tmp_path):
