@@ -279,7 +279,7 @@ def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    from mirrorsd.runtime.backends.llamacpp_lm import physical_cores
+    from mirrorsd.runtime.backends.cpu_kernels import physical_cores
 
     lm = ctx.cpp_engine.verifier
     threads = physical_cores()

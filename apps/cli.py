@@ -13,8 +13,9 @@ from mirrorsd.errors import MirrorsdError
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Lossless speculative decoding on one machine's chips.")
 
-BACKEND_HELP = ("Model backend: auto (llama.cpp for a GGUF model, i.e. catalog models and .gguf files, where "
-                "llama-cpp-python is installed; else torch) | llamacpp | torch (float32 reference).")
+BACKEND_HELP = ("Model backend: auto (onnx for an export folder; llama.cpp for a GGUF model, i.e. catalog models "
+                "and .gguf files, where llama-cpp-python is installed; else torch) | llamacpp | onnx (a "
+                "`mirrorsd export --role verifier` folder) | torch (float32 reference).")
 Backend = Annotated[str, typer.Option(help=BACKEND_HELP)]
 DraftBackend = Annotated[Optional[str], typer.Option(help="Backend of a draft model (default: --backend).")]
 
@@ -206,6 +207,8 @@ def devices(
     else:
         print("backend     auto -> torch (float32): llama-cpp-python is not installed "
               "(pip install 'mirrorsd[llamacpp]' runs GGUF models on llama.cpp's quantized kernels)")
+    print("backend     auto -> onnx for an export folder (`mirrorsd export --role verifier`): ONNX Runtime's "
+          "int4/int8 kernels, CUDA provider where installed")
     print(f"verifier -> {p.verifier}: {p.verifier_reason}")
     if p.draft == "export":
         print(f"draft    -> {p.draft_export} on {p.draft_backend}: {p.draft_reason}")
@@ -215,13 +218,17 @@ def devices(
 
 @app.command("export")
 def export_cmd(
-    model: Annotated[Optional[str], typer.Option(help="Draft model: catalog name, folder or .gguf.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model to export: catalog name, folder or .gguf.")] = None,
+    role: Annotated[str, typer.Option(help="draft (a draft model; NPU profile by default) | verifier (the target "
+                                           "for --backend onnx: dynamic profile, K+1 tokens per call).")] = "draft",
     out: Annotated[Optional[str], typer.Option(help="Export folder to write.")] = None,
     fmt: Annotated[str, typer.Option("--format", help="onnx | coreml.")] = "onnx",
-    profile: Annotated[str, typer.Option(help="npu (static shapes) | dynamic (CPU/GPU providers).")] = "npu",
+    profile: Annotated[Optional[str], typer.Option(help="npu (static shapes) | dynamic (CPU/GPU providers); "
+                                                        "default: npu for a draft, dynamic for a verifier.")] = None,
     precision: Annotated[str, typer.Option(help="fp32 | fp16.")] = "fp32",
     quant: Annotated[str, typer.Option(help="none | int8 (QDQ for npu, dynamic for dynamic) | int4.")] = "none",
-    max_context: Annotated[int, typer.Option(help="KV cache slots (longest context the draft sees).")] = 1024,
+    max_context: Annotated[Optional[int], typer.Option(help="KV cache slots, the longest context the model "
+                                                            "sees (default 1024 for a draft, 4096 for a verifier).")] = None,
     prefill_chunk: Annotated[int, typer.Option(help="Tokens per prefill block (npu profile).")] = 16,
     validate: Annotated[Optional[str], typer.Option(help="Only validate this export folder.")] = None,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip validation after exporting.")] = False,
@@ -229,7 +236,8 @@ def export_cmd(
                                                        "(default: the exported model itself).")] = None,
     provider: Annotated[str, typer.Option(help="ONNX Runtime provider the validation runs on.")] = "cpu",
 ) -> None:
-    """Export a draft model to ONNX / Core ML for an NPU (and validate it), or validate an export."""
+    """Export a draft model to ONNX / Core ML for an NPU, or a target to ONNX for the onnx backend (and
+    validate it); or validate an export."""
     from mirrorsd.errors import ConfigError
 
     if validate:
@@ -257,15 +265,18 @@ def export_cmd(
     from mirrorsd.exporters import export_draft
 
     manifest = export_draft(model, out, fmt=fmt, profile=profile, precision=precision, quant=quant,
-                            max_context=max_context, prefill_chunk=prefill_chunk, validate=not no_validate,
-                            progress=True)
-    print(f"{out}: {fmt} {manifest['profile']} profile, {manifest['precision']}, quant {manifest['quant_form']}, "
+                            max_context=max_context or (4096 if role == "verifier" else 1024),
+                            prefill_chunk=prefill_chunk, validate=not no_validate, progress=True, role=role)
+    print(f"{out}: {role}, {fmt} {manifest['profile']} profile, {manifest['precision']}, quant {manifest['quant_form']}, "
           f"max context {manifest['max_context']}, exported in {manifest['export_seconds']} s")
     if "validation" in manifest:
         print(json.dumps(manifest["validation"], indent=1))
         if not manifest["validation"]["passed"]:
-            print(f"warning: validation criteria not met ({manifest['validation'].get('criteria')}); the export "
-                  "still drafts losslessly, with a lower acceptance rate", file=sys.stderr)
+            what = ("as a verifier it decodes its own quantized model, which differs from the source more often "
+                    "than the criteria allow") if role == "verifier" else \
+                "the export still drafts losslessly, with a lower acceptance rate"
+            print(f"warning: validation criteria not met ({manifest['validation'].get('criteria')}); {what}",
+                  file=sys.stderr)
 
 
 @app.command("draft-bench")

@@ -1,4 +1,6 @@
-"""`export_draft`: one call (and `mirrorsd export`) from a model to a validated export folder."""
+"""`export_draft` / `export_verifier`: one call (and `mirrorsd export`) from a model to a validated export
+folder. A draft export is a small model for an NPU (static profile) or a CPU/GPU provider; a verifier
+export is the target itself in the dynamic profile, scoring K+1 tokens per call (`--backend onnx`)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import time
 from pathlib import Path
 
 from mirrorsd.errors import ConfigError, ExportError
+from mirrorsd.export_format import TOKENIZER_DIR
 
+ROLES = ("draft", "verifier")
 FORMATS = ("onnx", "coreml")
 PROFILES = ("npu", "dynamic")
 PRECISIONS = ("fp32", "fp16")
@@ -23,11 +27,16 @@ PROMPTS = [
 ]
 
 
-def _check_options(fmt: str, profile: str, precision: str, quant: str, max_context: int, prefill_chunk: int) -> None:
-    for value, allowed, what in ((fmt, FORMATS, "format"), (profile, PROFILES, "profile"),
+def _check_options(role: str, fmt: str, profile: str, precision: str, quant: str, max_context: int,
+                   prefill_chunk: int) -> None:
+    for value, allowed, what in ((role, ROLES, "role"), (fmt, FORMATS, "format"), (profile, PROFILES, "profile"),
                                  (precision, PRECISIONS, "precision"), (quant, QUANTS, "quant")):
         if value not in allowed:
             raise ConfigError(f"unknown {what} {value!r}", f"use one of {', '.join(allowed)}")
+    if role == "verifier" and (fmt != "onnx" or profile != "dynamic"):
+        raise ConfigError("a verifier export is ONNX in the dynamic profile: it scores a variable number of "
+                          "drafted tokens per call", "mirrorsd export --role verifier --model M --out DIR "
+                          "[--quant int4|int8] [--precision fp16]")
     if quant != "none" and precision != "fp32":
         raise ConfigError("quantized exports start from fp32 weights", "pass --precision fp32 with --quant")
     if fmt == "onnx" and quant == "int4" and profile == "npu":
@@ -53,18 +62,28 @@ def providers_for(fmt: str, profile: str, quant: str) -> list[str]:
     return ["CPUExecutionProvider", *gpu]
 
 
-def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str = "npu", precision: str = "fp32",
+def export_verifier(model, out: str | Path, precision: str = "fp32", quant: str = "int4", max_context: int = 4096,
+                    tokenizer=None, validate: bool = True, progress: bool = False) -> dict:
+    """Export a target model for the ONNX Runtime backend (`Engine.load(out)`, `--backend onnx`)."""
+    return export_draft(model, out, role="verifier", profile="dynamic", precision=precision, quant=quant,
+                        max_context=max_context, tokenizer=tokenizer, validate=validate, progress=progress)
+
+
+def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str | None = None, precision: str = "fp32",
                  quant: str = "none", max_context: int = 1024, prefill_chunk: int = 16, tokenizer=None,
-                 validate: bool = True, progress: bool = False) -> dict:
-    """Export a draft model; returns the manifest (with a "validation" report unless validate=False).
+                 validate: bool = True, progress: bool = False, role: str = "draft") -> dict:
+    """Export a model; returns the manifest (with a "validation" report unless validate=False).
 
     model: a model argument (catalog name, folder, .gguf) or an in-memory transformers model (then
     pass its tokenizer). out: the export folder (replaced if it holds an earlier export).
+    role: "draft" or "verifier" (see export_verifier). profile: default npu for a draft, dynamic for a verifier.
     """
-    _check_options(fmt, profile, precision, quant, max_context, prefill_chunk)
+    profile = profile or ("dynamic" if role == "verifier" else "npu")
+    _check_options(role, fmt, profile, precision, quant, max_context, prefill_chunk)
     from mirrorsd.exporters.decoder import check_supported, model_dims
     from mirrorsd.export_format import MANIFEST
     from mirrorsd.exporters.manifest import tool_versions, write_manifest
+    from mirrorsd.runtime.backends import eos_ids
     from mirrorsd.tokenizer_check import tokenizer_fingerprint
 
     spec = model if isinstance(model, str) else None
@@ -85,6 +104,7 @@ def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str = "npu"
     out.mkdir(parents=True)
     max_context = min(max_context, int(getattr(model.config, "max_position_embeddings", max_context) or max_context))
     dims = model_dims(model.config)
+    source = _source(spec)
     t0 = time.perf_counter()
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
     try:
@@ -97,19 +117,21 @@ def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str = "npu"
             from mirrorsd.exporters.coreml_export import export_coreml
 
             graphs, extra = export_coreml(model, out, max_context, quant)
+        tokenizer.save_pretrained(out / TOKENIZER_DIR)  # a verifier export is loaded without its source model
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)  # no half-written export left behind
         raise
     manifest = {
-        "format": fmt, "profile": "npu" if fmt == "coreml" else profile,
+        "role": role, "format": fmt, "profile": "npu" if fmt == "coreml" else profile,
         "model": spec or getattr(model.config, "name_or_path", "") or "in-memory model",
         "model_type": model.config.model_type, "dims": dims, "max_context": max_context,
         "prefill_chunk": prefill_chunk if profile == "npu" and fmt == "onnx" else None,
         "graphs": graphs, "vocab_size": dims["vocab"],
         "tokenizer": {"fingerprint": tokenizer_fingerprint(tokenizer), "size": len(tokenizer),
                       "eos_token_id": tokenizer.eos_token_id},
+        "eos_ids": sorted(eos_ids(model, tokenizer)), "source": source,
         "precision": "fp16" if fmt == "coreml" else precision, "quant": quant,
-        "quant_form": _quant_form(fmt, profile, quant), "providers": providers_for(fmt, profile, quant),
+        "quant_form": _quant_form(fmt, profile, quant, from_gguf="gguf" in source), "providers": providers_for(fmt, profile, quant),
         "tools": tool_versions(), "export_seconds": round(time.perf_counter() - t0, 1),
         "exported_on": platform.platform(), **extra,
     }
@@ -122,11 +144,26 @@ def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str = "npu"
     return manifest
 
 
-def _quant_form(fmt: str, profile: str, quant: str) -> str:
+def _source(spec: str | None) -> dict:
+    """Where the weights came from. A GGUF's blocks are dequantized to float32 on loading (transformers),
+    and a quantized export re-rounds those floats: validation's top-1 agreement is measured against them."""
+    from mirrorsd.models import is_gguf
+
+    if spec is None or not is_gguf(spec):
+        return {"model": spec or "in-memory model", "weights": "float"}
+    from mirrorsd.models import resolve_gguf
+
+    return {"model": spec, "weights": "GGUF, dequantized to float32", "gguf": Path(resolve_gguf(spec)[0]).name}
+
+
+def _quant_form(fmt: str, profile: str, quant: str, from_gguf: bool = False) -> str:
     if quant == "none":
         return "none"
     if quant == "int4":
-        return "palettized 4-bit (coremltools.optimize)" if fmt == "coreml" else "MatMulNBits 4-bit, block 32"
+        if fmt == "coreml":
+            return "palettized 4-bit (coremltools.optimize)"
+        return "MatMulNBits 4-bit, block 32" + (" (LM head 8-bit), requantized from the dequantized GGUF "
+                                                "weights, not carried block for block" if from_gguf else " (LM head 8-bit)")
     return "QDQ int8 (static, calibrated)" if profile == "npu" else "dynamic int8 (MatMulInteger)"
 
 

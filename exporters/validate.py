@@ -3,7 +3,7 @@
 - fp32: logits within ATOL of PyTorch's on the CPU provider, for the prefill and decode paths;
 - fp16 / quantized: top-1 agreement >= TOP1_MIN and greedy equality of a 64-token continuation;
   mean KL(torch || export) reported;
-- always: the acceptance rate the export achieves as a draft for a verifier (by default the model it
+- for a draft export: the acceptance rate the export achieves as a draft for a verifier (by default the model it
   came from, so the rate measures what export and quantization cost; pass `target` for the real pair).
 - Core ML: on macOS the same numbers through Core ML; elsewhere Core ML cannot predict, so the
   package's spec (inputs, states, outputs, shapes, precision) is checked and numerics are skipped.
@@ -91,7 +91,8 @@ def validate_export(folder: str | Path, model=None, tokenizer=None, target=None,
     }
     report["passed"] = bool(max(diffs) <= ATOL if exact else
                             (report["top1_agreement"] >= TOP1_MIN and greedy_equal == len(PROMPTS)))
-    report["acceptance_rate"] = _acceptance(lm, manifest, target or model, tokenizer)
+    if manifest.get("role", "draft") == "draft":  # a verifier export is the target: no draft acceptance
+        report["acceptance_rate"] = _acceptance(lm, manifest, target or model, tokenizer)
     return report
 
 

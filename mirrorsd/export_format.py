@@ -13,6 +13,7 @@ from mirrorsd.errors import ExportError, TokenizerMismatchError
 from mirrorsd.tokenizer_check import tokenizer_fingerprint
 
 MANIFEST = "manifest.json"
+TOKENIZER_DIR = "tokenizer"  # the model's tokenizer, saved beside the graphs
 FORMAT_VERSION = 1
 MASK_MIN = -30000.0  # additive mask value: exp() underflows to 0, and it still fits in float16
 

@@ -5,7 +5,8 @@ the KV cache. How its time grows with K decides which K pays on each backend (th
 at run time; this prints the curve). Each backend loads the same catalog model: torch in float32 (oneDNN
 linear layers on the CPU) and llama.cpp on the GGUF file as it is.
 
-    .venv/bin/python scripts/verify_cost.py [--target qwen2.5-coder-1.5b] [--backends torch llamacpp]
+    .venv/bin/python scripts/verify_cost.py [--target qwen2.5-coder-1.5b] [--backends torch llamacpp onnx]
+        [--onnx-export DIR]   # the onnx backend runs a `mirrorsd export --role verifier` folder of the target
 """
 
 from __future__ import annotations
@@ -35,11 +36,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--backends", nargs="+", default=["torch", "llamacpp"])
+    ap.add_argument("--onnx-export", help="verifier export of the target, for the onnx backend")
     ap.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16])
     args = ap.parse_args()
     rows = {}
     for backend in args.backends:
-        lm = load_lm(args.target, backend, device="cpu", progress=True).lm
+        if backend == "onnx" and not args.onnx_export:
+            raise SystemExit("--backends onnx needs --onnx-export DIR (mirrorsd export --role verifier)")
+        lm = load_lm(args.onnx_export if backend == "onnx" else args.target, backend, device="cpu", progress=True).lm
         rows[lm.backend] = [pass_seconds(lm, k) for k in args.ks]
         lm.close()
     print(f"\n{args.target}, {platform.processor() or platform.machine()}; seconds per verify pass of K drafted "

@@ -1,5 +1,5 @@
 """Shared test helpers: reference outputs to compare against (transformers' own greedy decoding, the
-exact distribution of the first two sampled tokens), a chi-square p-value, and the CLI as a user runs it."""
+exact distribution of the first two sampled tokens), a chi-square test of sampled output, and the CLI as a user runs it."""
 
 from __future__ import annotations
 
@@ -42,6 +42,28 @@ def pvalue(samples, probs) -> float:
     exp = np.append(expected[big], expected[~big].sum())
     keep = exp > 0
     return chisquare(obs[keep], exp[keep] * obs.sum() / exp[keep].sum()).pvalue
+
+
+def sample_first_two(engine, prompt, cfg, seeds: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The first two tokens of `seeds` seeded generations, and how many tokens were drafted in all."""
+    from dataclasses import replace
+
+    first, second, drafted = [], [], 0
+    for seed in range(seeds):
+        result = engine.generate(prompt, replace(cfg, seed=seed))
+        first.append(result.token_ids[0])
+        second.append(result.token_ids[1])
+        drafted += result.stats.drafted_tokens
+    return np.array(first), np.array(second), drafted
+
+
+def assert_distribution(engine, prompt, cfg, p1, p2, seeds: int, min_drafted: int) -> None:
+    """Sampled first/second tokens follow the exact target distributions p1 / p2 (chi-square), with the
+    drafter really drafting."""
+    first, second, drafted = sample_first_two(engine, prompt, cfg, seeds)
+    assert drafted > min_drafted  # the drafter really drafted
+    assert pvalue(first, p1) > 1e-3
+    assert pvalue(second, p2) > 1e-3
 
 
 CLI = [sys.executable, "-m", "mirrorsd"]

@@ -83,6 +83,45 @@ def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress:
     return LoadedModel(lm, tokenizer, eos)
 
 
+def _load_onnx(spec: str, device: str | None = "auto", dtype=None, progress: bool = False) -> LoadedModel:
+    """An export folder (`mirrorsd export --role verifier`) on ONNX Runtime: the CUDA provider where it is
+    installed (device auto/cuda; the KV cache then stays on the GPU), else the CPU provider on the
+    physical cores. dtype does not apply: the export's precision and quantization are used."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from mirrorsd.errors import ExportError
+    from mirrorsd.export_format import TOKENIZER_DIR, is_export, read_manifest
+    from mirrorsd.runtime.backends.cpu_kernels import physical_cores
+    from mirrorsd.runtime.backends.exported import load_export_lm
+
+    if not is_export(spec):
+        raise ConfigError(f"the onnx backend runs an export folder, and {spec!r} is not one",
+                          f"export it once: mirrorsd export --role verifier --model {spec} --out DIR "
+                          "--quant int4, then pass DIR as the model")
+    manifest = read_manifest(spec)
+    if manifest["format"] != "onnx":
+        raise ConfigError(f"{spec} is a {manifest['format']} export; the onnx backend runs ONNX exports",
+                          "export with --format onnx --role verifier")
+    if not (Path(spec) / TOKENIZER_DIR).is_dir():
+        raise ExportError(f"{spec} holds no tokenizer (exported by an older mirrorsd)",
+                          "re-export it with `mirrorsd export --role verifier`")
+    tokenizer = AutoTokenizer.from_pretrained(Path(spec) / TOKENIZER_DIR)
+    provider = onnx_provider(device)
+    lm = load_export_lm(spec, manifest, provider, threads=physical_cores() if provider == "cpu" else None)
+    return LoadedModel(lm, tokenizer, frozenset(manifest.get("eos_ids", [])) | eos_ids(None, tokenizer))
+
+
+def onnx_provider(device: str | None) -> str:
+    """The ONNX Runtime provider for a device argument: auto -> CUDA where installed, else the CPU."""
+    if device in (None, "auto", "gpu"):
+        import onnxruntime as ort
+
+        return "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+    return device
+
+
 def llamacpp_installed() -> bool:
     import importlib.util
 
@@ -90,10 +129,13 @@ def llamacpp_installed() -> bool:
 
 
 def auto_backend(spec: str) -> str:
-    """"llamacpp" for a GGUF model (every catalog model, a .gguf file) where llama-cpp-python is installed:
-    the file's own quantized kernels; "torch" (float32) otherwise."""
+    """"onnx" for an export folder; "llamacpp" for a GGUF model (every catalog model, a .gguf file) where
+    llama-cpp-python is installed: the file's own quantized kernels; "torch" (float32) otherwise."""
+    from mirrorsd.export_format import is_export
     from mirrorsd.models import is_gguf
 
+    if is_export(spec):
+        return "onnx"
     return "llamacpp" if is_gguf(spec) and llamacpp_installed() else "torch"
 
 
@@ -103,4 +145,5 @@ def _load_auto(spec: str, device: str | None = "auto", dtype=None, progress: boo
 
 register_backend("torch", _load_torch)
 register_backend("llamacpp", _load_llamacpp)
+register_backend("onnx", _load_onnx)
 register_backend("auto", _load_auto)

@@ -1,4 +1,5 @@
-"""Faster float32 linear layers on the CPU: oneDNN's inner product instead of the default BLAS call.
+"""CPU helpers: the physical core count backends default their threads to, and faster float32 linear
+layers on the CPU: oneDNN's inner product instead of the default BLAS call.
 
 Why: torch's default float32 `F.linear` (MKL sgemm) is slow for the small row counts speculative
 decoding feeds it (a verify pass over 2-9 positions), while oneDNN's inner product (the kernel behind
@@ -16,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -62,3 +64,16 @@ def use_onednn_linear(model: torch.nn.Module) -> int:
         m.__class__ = OneDNNLinear
     log.debug("oneDNN float32 linear for %d layers", len(layers))
     return len(layers)
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (llama.cpp's threads gain nothing from SMT siblings)."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in allowed:
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip()))
+        except OSError:
+            return max(1, len(allowed))
+    return max(1, len(cores))

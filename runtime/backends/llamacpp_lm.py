@@ -10,7 +10,6 @@ per-layer thread control: the pipeline runs "branches" as "overlap" and shares n
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import torch
 
 from mirrorsd.errors import ConfigError, ModelNotFoundError
 from mirrorsd.runtime.backends.base import PrefixCachedLM
+from mirrorsd.runtime.backends.cpu_kernels import physical_cores
 
 DEFAULT_CONTEXT = 4096  # KV cells to allocate (the model's training context if smaller)
 EXTRA = "llamacpp"
@@ -32,19 +32,6 @@ def import_llama_cpp():
                           f"pip install 'mirrorsd[{EXTRA}]' (it compiles llama.cpp: several minutes), "
                           "or use --backend torch") from exc
     return llama_cpp
-
-
-def physical_cores() -> int:
-    """Physical cores this process may run on (llama.cpp's threads gain nothing from SMT siblings)."""
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    cores = set()
-    for cpu in allowed:
-        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            cores.add(((topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip()))
-        except OSError:
-            return max(1, len(allowed))
-    return max(1, len(cores))
 
 
 class LlamaCppLM(PrefixCachedLM):

@@ -8,7 +8,9 @@ by the next tokens written there).
 
 NPU profile: every call uses a fixed shape (cache of max_context slots; a block of 1 token, or a
 padded prefill chunk when several tokens are missing), as QNN / OpenVINO NPU require.
-Dynamic profile: the cache up to the pointer and the missing tokens are passed as they are.
+Dynamic profile: the cache up to the pointer and the missing tokens are passed as they are. With IO
+binding (the default on CUDA) the cache is a torch tensor on the provider's device, inputs and outputs
+are bound to device memory, and only the logits come back to the host.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ class OnnxCausalLM(PrefixCachedLM):
 
     def __init__(self, folder: str | Path, manifest: dict, provider: str = "CPUExecutionProvider",
                  provider_options: dict | None = None, threads: int | None = None,
-                 record: Callable[[str, dict], None] | None = None) -> None:
+                 record: Callable[[str, dict], None] | None = None, io_binding: bool | None = None) -> None:
+        """io_binding: keep the cache on the provider's device (dynamic profile; None: on CUDA, where torch
+        can hold the device memory). DirectML and the NPU providers use the host cache."""
         from mirrorsd.devices.providers import make_sessions, provider_name
 
         super().__init__()
@@ -58,7 +62,14 @@ class OnnxCausalLM(PrefixCachedLM):
         self.computes_on = compute_kind(self.provider)
         self._record = record
         shape = (self.layers * 2, 1, int(dims["kv_heads"]), self.max_context, int(dims["head_dim"]))
-        self._kv = np.zeros(shape, dtype=np.float32)  # [2 * layers, 1, n_kv, slots, d]; k0, v0, k1, ...
+        if io_binding is None:
+            io_binding = self.provider in BINDABLE and self.provider != "CPUExecutionProvider"
+        if io_binding and (self.profile != "dynamic" or self.provider not in BINDABLE):
+            raise ProviderError(f"IO binding needs the dynamic profile on {' or '.join(BINDABLE)}",
+                                "leave io_binding unset")
+        self._bound = _DeviceCache(shape, BINDABLE[self.provider]) if io_binding else None
+        if not io_binding:
+            self._kv = np.zeros(shape, dtype=np.float32)  # [2 * layers, 1, n_kv, slots, d]; k0, v0, k1, ...
 
     def _drop(self, length: int) -> None:
         pass  # the pointer is len(_cached): slots past it are masked and overwritten
@@ -74,7 +85,8 @@ class OnnxCausalLM(PrefixCachedLM):
             else:
                 name, block = "model", len(new)
             n = min(block, len(new))
-            out.append(self._run_block(name, new[:n], block)[:n])
+            run = self._run_bound if self._bound is not None else self._run_block
+            out.append(run(name, new[:n], block)[:n])
             new = new[n:]
         return torch.from_numpy(np.ascontiguousarray(np.concatenate(out)[-rows:], dtype=np.float32))
 
@@ -103,6 +115,55 @@ class OnnxCausalLM(PrefixCachedLM):
             self._kv[j, :, :, p:p + n] = result[1 + j][:, :, :n]
         self._cached.extend(block_tokens)
         return result[0][0]  # [block, V]
+
+
+    def _run_bound(self, name: str, block_tokens: list[int], block: int) -> np.ndarray:
+        """The dynamic graph with inputs and outputs bound to device memory (the cache never leaves it)."""
+        p, n, cache = len(self._cached), len(block_tokens), self._bound
+        session = self.sessions[name]
+        binding = session.io_binding()
+        feeds = {"input_ids": torch.tensor([block_tokens]), "position_ids": torch.arange(p, p + n)[None],
+                 "attention_mask": torch.from_numpy(block_mask(p, p, n))}
+        keep: list[torch.Tensor] = []
+        for key, value in feeds.items():
+            cache.bind(binding.bind_input, key, value.to(cache.device), keep)
+        for j in range(2 * self.layers):
+            cache.bind(binding.bind_input, self.input_names[3 + j], cache.kv[j, :, :, :p], keep)
+        logits = torch.empty((1, n, self.vocab_size), device=cache.device)
+        new = torch.empty((2 * self.layers, *cache.kv.shape[1:3], n, cache.kv.shape[4]), device=cache.device)
+        cache.bind(binding.bind_output, "logits", logits, keep)
+        for j in range(2 * self.layers):
+            cache.bind(binding.bind_output, self.output_names[1 + j], new[j], keep)
+        try:
+            session.run_with_iobinding(binding)
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise ProviderError(f"{self.provider} failed to run the export's {name} graph: "
+                                f"{str(exc).splitlines()[0]}", "run `mirrorsd export --validate DIR`") from exc
+        cache.kv[:, :, :, p:p + n] = new
+        self._cached.extend(block_tokens)
+        return logits[0].cpu().numpy()  # [n, V]
+
+
+# Providers whose device memory torch can hold, so IO binding can keep the cache there.
+BINDABLE = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda"}
+
+
+class _DeviceCache:
+    """The KV cache as one torch tensor on the provider's device, and binding of tensors to IO names."""
+
+    def __init__(self, shape: tuple[int, ...], device: str) -> None:
+        self.device = torch.device(device)
+        self.kv = torch.zeros(shape, device=self.device)  # [2 * layers, 1, n_kv, slots, d]
+
+    def bind(self, bind, name: str, tensor: torch.Tensor, keep: list) -> None:
+        """Bind `tensor` (kept alive in `keep` until the run is over: the binding holds only its pointer)."""
+        tensor = tensor.contiguous()
+        keep.append(tensor)
+        bind(name, self.device.type, self.device.index or 0, _NUMPY[tensor.dtype], list(tensor.shape),
+             tensor.data_ptr())
+
+
+_NUMPY = {torch.float32: np.float32, torch.int64: np.int64}
 
 
 def compute_kind(provider: str) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -127,22 +126,14 @@ def test_pointer_rollback_gives_the_same_logits_as_a_fresh_cache(exports, tokeni
 
 
 def test_sampling_through_the_onnx_drafter_matches_the_target_distribution(exports, target_model, tokenizer):
-    from helpers import exact_first_two, pvalue
+    from helpers import assert_distribution, exact_first_two
 
     cfg = GenerationConfig(temperature=0.8, max_new_tokens=2, num_draft_tokens=2, adaptive_k=False)
     prompt = "The quick brown fox"
     engine = Engine(target_model, tokenizer, drafter_from_export(exports["other-npu"], tokenizer, "tiny", "cpu"))
     engine.eos_ids = frozenset()
     p1, p2 = exact_first_two(target_model, tokenizer, cfg, prompt)
-    first, second, drafted = [], [], 0
-    for seed in range(1200):
-        result = engine.generate(prompt, replace(cfg, seed=seed))
-        first.append(result.token_ids[0])
-        second.append(result.token_ids[1])
-        drafted += result.stats.drafted_tokens
-    assert drafted > 800
-    assert pvalue(first, p1) > 1e-3
-    assert pvalue(second, p2) > 1e-3
+    assert_distribution(engine, prompt, cfg, p1, p2, seeds=1200, min_drafted=800)
 
 
 # -- bad input ------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 
 from drafters_for_tests import RandomTokenDrafter
 from gguf_files import write_llama_gguf
-from helpers import pvalue
+from helpers import assert_distribution
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.errors import ConfigError, ModelNotFoundError
 from mirrorsd.runtime.backends.base import batch_discrepancy
@@ -124,15 +124,8 @@ def test_sampling_through_llamacpp_matches_its_own_distribution(ggufs, tokenizer
     p2 = sum(p1[t] * torch.softmax(lm.score(ids + [t])[-1] / temp, -1).double().numpy()
              for t in np.flatnonzero(p1 > 1e-9))
     engine = Engine(lm, tokenizer, ModelDrafter(LlamaCppLM(ggufs["draft"], threads=1)), eos_ids=frozenset())
-    first, second, drafted = [], [], 0
-    for seed in range(1200):
-        cfg = GenerationConfig(temperature=temp, max_new_tokens=2, num_draft_tokens=2, adaptive_k=False, seed=seed)
-        result = engine.generate(ids, cfg)
-        first.append(result.token_ids[0])
-        second.append(result.token_ids[1])
-        drafted += result.stats.drafted_tokens
-    assert drafted > 1000
-    assert pvalue(np.array(first), p1) > 1e-3 and pvalue(np.array(second), p2) > 1e-3
+    cfg = GenerationConfig(temperature=temp, max_new_tokens=2, num_draft_tokens=2, adaptive_k=False)
+    assert_distribution(engine, ids, cfg, p1, p2, seeds=1200, min_drafted=1000)
 
 
 def test_a_corrupt_gguf_is_a_clear_error(tmp_path):
