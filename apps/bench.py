@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.bench_configs import (CONFIGS, CPP_TARGET_ONLY, TARGET_ONLY, BenchConfig, BenchContext, Output,
-                                         measure_memory)
+from mirrorsd.apps.bench_configs import (CONFIGS, CPP_TARGET_ONLY, ONNX_TARGET_ONLY, TARGET_ONLY, BenchConfig,
+                                         BenchContext, Output, measure_memory)
 from mirrorsd.apps.prompt_suite import CATEGORIES, BenchPrompt, bundled_suite, load_workload
 from mirrorsd.errors import ConfigError
 
@@ -46,6 +46,7 @@ class BenchOptions:
     target: str = "qwen2.5-coder-1.5b"
     draft_model: str | None = "qwen2.5-coder-0.5b"
     draft_export: str | None = None  # export folder for the exported-draft rows
+    verifier_export: str | None = None  # verifier export of the target, for the ONNX verifier rows
     per_category: int = 2
     prompts_file: str | None = None
     max_new_tokens: int = 64
@@ -85,11 +86,12 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
                 use_onednn_linear(draft_lm)
                 draft_lm(torch.tensor([[0, 1, 2]], device=device))  # touch the lazily loaded weights
             check_tokenizers_match(engine.tokenizer, draft_tokenizer, opts.target, opts.draft_model)
-    ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model, datastore, opts.draft_export, memory)
+    ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model, datastore, opts.draft_export,
+                       opts.verifier_export, memory)
     prompts = load_workload(opts.prompts_file) if opts.prompts_file else bundled_suite(opts.per_category)
-    if ctx.engine is None and ctx.cpp_engine is None:
+    if ctx.any_engine is None:
         raise ConfigError("none of the chosen configurations can run here", "see `mirrorsd bench --help`")
-    encoded = [(ctx.engine or ctx.cpp_engine).encode(p.request) for p in prompts]
+    encoded = [ctx.any_engine.encode(p.request) for p in prompts]
     runners, skipped = {}, {}
     for c in chosen:
         runner = c.make(ctx) if c.reference in runners or c.reference == c.name else None
@@ -109,11 +111,12 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
     # The verifier that judges a near-tie, per reference row: none for the float32 torch reference (its
     # greedy output must be equal, full stop); llama.cpp's own for its rows.
     judges = {}
-    if CPP_TARGET_ONLY in runners:
-        from mirrorsd.runtime.backends.base import batch_discrepancy
+    for name, quantized in ((CPP_TARGET_ONLY, lambda: ctx.cpp_engine), (ONNX_TARGET_ONLY, lambda: ctx.onnx_engine)):
+        if name in runners:
+            from mirrorsd.runtime.backends.base import batch_discrepancy
 
-        lm = ctx.cpp_engine.verifier
-        judges[CPP_TARGET_ONLY] = (lm, 2 * batch_discrepancy(lm, encoded[0]))
+            lm = quantized().verifier
+            judges[name] = (lm, 2 * batch_discrepancy(lm, encoded[0]))
     _measure(prompts, encoded, configs_run, runners, cells, opts, console, judges)
     report = _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command)
     report["settings"]["near_tie_tolerance"] = {name: round(tol, 4) for name, (_, tol) in judges.items()}
@@ -334,6 +337,11 @@ def _models(ctx: BenchContext, opts: BenchOptions) -> dict:
         lm = cpp.verifier
         models["target (llama.cpp)"] = {"name": ctx.target_name, "file": lm.path.name, "backend": lm.backend,
                                         "threads": lm.n_threads}
+    onnx = ctx.__dict__.get("onnx_engine")
+    if onnx is not None:
+        m = onnx.verifier.manifest
+        models["target (onnx)"] = {"name": ctx.verifier_export, "source": m.get("source"), "quant": m.get("quant_form"),
+                                   "precision": m["precision"], "backend": onnx.verifier.backend}
     cpp_draft = ctx.__dict__.get("cpp_draft_lm")
     if cpp_draft is not None:
         models["draft (llama.cpp)"] = {"name": ctx.draft_name, "file": cpp_draft.path.name,
@@ -478,6 +486,9 @@ def _describe_model(kind: str, val: dict) -> str:
     memory = f", {val['memory_mb']:.0f} MB resident" if val.get("memory_mb") else ""
     if "file" in val:
         return f"{kind}: {val['name']} ({val['file']} on {val['backend']}, {val['threads']} threads{memory})"
+    if kind == "target (onnx)":
+        source = (val.get("source") or {}).get("model", "")
+        return f"{kind}: {val['name']} (export of {source}, {val['precision']}, quant {val['quant']}, on {val['backend']}{memory})"
     return f"{kind}: {val.get('name', '')} {val.get('parameters', '')} params {val.get('dtype', '')}{memory}"
 
 

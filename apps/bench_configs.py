@@ -59,6 +59,7 @@ class BenchContext:
     draft_name: str | None = None
     datastore_spec: object = "default"  # "default" (stdlib), a Datastore, a path, or None (no retrieval rows)
     draft_export: str | None = None  # an export folder (`mirrorsd export`) for the exported-draft rows
+    verifier_export: str | None = None  # a `mirrorsd export --role verifier` folder of the target: ONNX rows
     memory_mb: dict[str, float] = field(default_factory=dict)  # resident memory each model added when loaded
 
     @cached_property
@@ -76,12 +77,36 @@ class BenchContext:
         return engine
 
     @cached_property
-    def cpp_draft_lm(self):
-        """The draft model's GGUF file on llama.cpp, for the llama.cpp draft-model row."""
-        from mirrorsd.models import is_gguf
-        from mirrorsd.runtime.backends import load_lm
+    def onnx_engine(self) -> Engine | None:
+        """The target's verifier export on the onnx backend (ONNX Runtime), where one was given."""
+        if self.verifier_export is None:
+            return None
+        from mirrorsd.export_format import check_tokenizer, read_manifest
 
-        if self.draft_name is None or self.cpp_engine is None or not is_gguf(self.draft_name):
+        with measure_memory(self.memory_mb, "target (onnx)"):
+            engine = Engine.load(self.verifier_export, backend="onnx", draft="none", progress=True)
+            engine.verifier.score([0, 1, 2])
+            engine.verifier.reset()
+        if self.engine is not None or self.cpp_engine is not None:  # its ids must mean the same text
+            check_tokenizer(read_manifest(self.verifier_export), self.tokenizer, self.target_name, self.verifier_export)
+        return engine
+
+    @property
+    def any_engine(self) -> Engine | None:
+        """A loaded target (any backend), for what does not depend on the backend (tokenizer, encoding)."""
+        if self.engine is not None:
+            return self.engine
+        from mirrorsd.models import is_gguf
+
+        return self.cpp_engine if is_gguf(self.target_name) and self.cpp_engine is not None else self.onnx_engine
+
+    @cached_property
+    def cpp_draft_lm(self):
+        """The draft model's GGUF file on llama.cpp, for the llama.cpp draft-model rows."""
+        from mirrorsd.models import is_gguf
+        from mirrorsd.runtime.backends import llamacpp_installed, load_lm
+
+        if self.draft_name is None or not llamacpp_installed() or not is_gguf(self.draft_name):
             return None
         with measure_memory(self.memory_mb, "draft (llama.cpp)"):
             lm = load_lm(self.draft_name, "llamacpp", progress=True).lm
@@ -95,7 +120,7 @@ class BenchContext:
 
     @property
     def tokenizer(self):
-        return (self.engine or self.cpp_engine).tokenizer
+        return (self.engine or self.cpp_engine or self.onnx_engine).tokenizer
 
     @cached_property
     def export_drafter(self):
@@ -109,7 +134,7 @@ class BenchContext:
             return None
         with measure_memory(self.memory_mb, "draft export"):
             return drafter_from_export(self.draft_export, self.tokenizer, self.target_name, None,
-                                       cpu_draft_threads(self.engine.verifier.computes_on))
+                                       cpu_draft_threads(self.any_engine.verifier.computes_on))
 
     @cached_property
     def datastore(self):
@@ -239,7 +264,7 @@ def _draft_model(ctx: BenchContext) -> ModelDrafter | None:
 
 
 def _with_store(make):
-    return lambda ctx: None if ctx.datastore is None else make(ctx)
+    return lambda ctx, *engine: None if ctx.datastore is None else make(ctx, *engine)
 
 
 _STORE, _DRAFT = "a retrieval datastore", "a draft model (--draft-model)"
@@ -303,24 +328,60 @@ def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner
     return run
 
 
-def _cpp(make):
-    return lambda ctx: None if ctx.cpp_engine is None else make(ctx)
+def _on(engine_of: Callable[[BenchContext], Engine | None], make):
+    """A factory that needs the engine `engine_of` gives (None where it is not loaded: the row is skipped)."""
+    return lambda ctx: None if engine_of(ctx) is None else make(ctx, engine_of(ctx))
+
+
+def _model_free_rows(backend: str, engine_of, row: dict) -> None:
+    """Our n-gram and chain rows on one backend's target."""
+    register(BenchConfig(f"n-gram, {backend} (ours)", _on(engine_of, lambda ctx, e: ours(ctx, NGramDrafter(), engine=e)),
+                         **row))
+    register(BenchConfig(f"chain n-gram + retrieval, {backend} (ours)",
+                         _on(engine_of, _with_store(lambda ctx, e: ours(
+                             ctx, ChainDrafter(NGramDrafter(), RetrievalDrafter(ctx.datastore)), engine=e))), **row))
+
+
+def _cpp(ctx: BenchContext) -> Engine | None:
+    return ctx.cpp_engine
 
 
 _CPP = "llama-cpp-python (pip install 'mirrorsd[llamacpp]') and a GGUF target (every catalog model)"
 _CPP_DRAFT = "llama-cpp-python and a GGUF draft model (--draft-model, a catalog name or .gguf)"
 _CPP_ROW = dict(reference=CPP_TARGET_ONLY, needs=_CPP, memory=("target (llama.cpp)",))
 
-register(BenchConfig(CPP_TARGET_ONLY, _cpp(lambda ctx: ours(ctx, None, engine=ctx.cpp_engine)), **_CPP_ROW))
+register(BenchConfig(CPP_TARGET_ONLY, _on(_cpp, lambda ctx, e: ours(ctx, None, engine=e)), **_CPP_ROW))
 register(BenchConfig("llama-cpp-python generate", llama_cpp_generate, peer_of=CPP_TARGET_ONLY, **_CPP_ROW))
-register(BenchConfig("n-gram, llama.cpp (ours)", _cpp(lambda ctx: ours(ctx, NGramDrafter(), engine=ctx.cpp_engine)),
-                     **_CPP_ROW))
+_model_free_rows("llama.cpp", _cpp, _CPP_ROW)
 register(BenchConfig("prompt lookup (llama-cpp-python)", lambda ctx: llama_cpp_generate(ctx, prompt_lookup=True),
-                     peer_of="n-gram, llama.cpp (ours)", **_CPP_ROW))
-register(BenchConfig("chain n-gram + retrieval, llama.cpp (ours)",
-                     _cpp(_with_store(lambda ctx: ours(ctx, ChainDrafter(NGramDrafter(), RetrievalDrafter(ctx.datastore)),
-                                                       engine=ctx.cpp_engine))), **_CPP_ROW))
+                     peer_of="n-gram, llama.cpp (ours)", **_CPP_ROW), after="n-gram, llama.cpp (ours)")
 register(BenchConfig("draft model, llama.cpp (ours)",
                      lambda ctx: None if ctx.cpp_draft_lm is None else
                      ours(ctx, ModelDrafter(ctx.cpp_draft_lm), engine=ctx.cpp_engine),
                      reference=CPP_TARGET_ONLY, needs=_CPP_DRAFT, memory=("target (llama.cpp)", "draft (llama.cpp)")))
+register(BenchConfig("exported draft, llama.cpp (ours)",
+                     _on(_cpp, lambda ctx, e: None if ctx.draft_export is None else ours(ctx, ctx.export_drafter, engine=e)),
+                     reference=CPP_TARGET_ONLY, needs=f"{_CPP} and {_EXPORT}",
+                     memory=("target (llama.cpp)", "draft export")))
+
+
+# -- the ONNX Runtime verifier (issue #13): the target's `mirrorsd export --role verifier` folder.
+
+def _onnx(ctx: BenchContext) -> Engine | None:
+    return ctx.onnx_engine
+
+
+ONNX_TARGET_ONLY = "target only, ONNX verifier (ours)"
+_ONNX = "a verifier export of the target (--verifier-export DIR, made by `mirrorsd export --role verifier`)"
+_ONNX_ROW = dict(reference=ONNX_TARGET_ONLY, needs=_ONNX, memory=("target (onnx)",))
+
+register(BenchConfig(ONNX_TARGET_ONLY, _on(_onnx, lambda ctx, e: ours(ctx, None, engine=e)), **_ONNX_ROW))
+_model_free_rows("ONNX verifier", _onnx, _ONNX_ROW)
+register(BenchConfig("exported draft, ONNX verifier (ours)",
+                     _on(_onnx, lambda ctx, e: None if ctx.draft_export is None else ours(ctx, ctx.export_drafter, engine=e)),
+                     reference=ONNX_TARGET_ONLY, needs=f"{_ONNX} and {_EXPORT}", memory=("target (onnx)", "draft export")))
+register(BenchConfig("draft model llama.cpp, ONNX verifier (ours)",
+                     _on(_onnx, lambda ctx, e: None if ctx.cpp_draft_lm is None else
+                         ours(ctx, ModelDrafter(ctx.cpp_draft_lm), engine=e)),
+                     reference=ONNX_TARGET_ONLY, needs=f"{_ONNX} and {_CPP_DRAFT}",
+                     memory=("target (onnx)", "draft (llama.cpp)")))

@@ -117,6 +117,8 @@ def bench(
     dtype: Annotated[str, typer.Option(help="Model dtype for every configuration: float32 | bfloat16 | float16.")] = "float32",
     draft_export: Annotated[Optional[str], typer.Option(help="An export folder (`mirrorsd export`) for the "
                                                              "exported-draft rows, on the backend placement picks.")] = None,
+    verifier_export: Annotated[Optional[str], typer.Option(help="The target's `mirrorsd export --role verifier` "
+                                                                "folder, for the ONNX verifier rows.")] = None,
     datastore: Annotated[str, typer.Option(help="Datastore for the retrieval rows: 'default' (this Python's stdlib), "
                                                 "a datastore folder, or 'none' to skip them.")] = "default",
     only: Annotated[Optional[list[str]], typer.Option(help="Run only this configuration (repeatable; its "
@@ -135,7 +137,7 @@ def bench(
     if quick:
         values.update({key: val for key, val in QUICK.items() if key not in given})
     run_bench(BenchOptions(prompts_file=prompts, k=k, dtype=dtype, only=tuple(only or ()), out=out,
-                           draft_export=draft_export, **values),
+                           draft_export=draft_export, verifier_export=verifier_export, **values),
               datastore=None if datastore == "none" else datastore, command=command_line())
 
 
@@ -333,10 +335,18 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
     api_key: Annotated[Optional[str], typer.Option(envvar="MIRRORSD_API_KEY",
-                                                   help="Require 'Authorization: Bearer KEY' (else 401).")] = None,
+                                                   help="Require 'Authorization: Bearer KEY' on every path but "
+                                                        "/health (else 401). Set MIRRORSD_API_KEY instead to keep "
+                                                        "the key out of `ps`.")] = None,
     model_name: Annotated[Optional[str], typer.Option(help="Model id clients use (default: --target).")] = None,
     max_tokens_limit: Annotated[int, typer.Option(help="Largest max_tokens a request may ask for.")] = 4096,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body in bytes.")] = 1 << 20,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait behind the running one; more get 429.")] = 8,
+    shutdown_grace: Annotated[float, typer.Option(help="Seconds running requests get to finish on Ctrl-C / "
+                                                       "SIGTERM before they are cancelled.")] = 5.0,
+    allow_control_tokens: Annotated[bool, typer.Option(help="Let control-token text in client messages (e.g. "
+                                                            "<|im_start|>) become control tokens. Off: it stays "
+                                                            "text, so a client cannot forge a system turn.")] = False,
     device: Device = "auto",
     draft_device: Annotated[Optional[str], typer.Option(help="Draft model device (default: same as --device).")] = None,
     dtype: Dtype = "auto",
@@ -349,13 +359,24 @@ def serve(
     except ImportError as exc:
         raise MirrorsdError(f"the server needs FastAPI and uvicorn ({exc})", "pip install 'mirrorsd[serve]'") from exc
     from mirrorsd import Engine
+    from mirrorsd.apps.server import bind_socket
+    from mirrorsd.errors import ConfigError
 
+    if api_key is not None and not api_key.strip():
+        raise ConfigError("--api-key is empty", "pass a non-empty key (or set MIRRORSD_API_KEY), or leave it out")
+    if min(max_tokens_limit, max_body_bytes, max_queue + 1) < 1 or not shutdown_grace >= 0:
+        raise ConfigError("--max-tokens-limit and --max-body-bytes must be >= 1, --max-queue and "
+                          "--shutdown-grace >= 0", "e.g. --max-tokens-limit 4096 --max-queue 8")
+    limits = ServerLimits(max_tokens=max_tokens_limit, max_body_bytes=max_body_bytes, max_queue=max_queue)
+    sock = bind_socket(host, port)  # a busy or bad port fails now, not after loading the model
     engine = Engine.load(target=target, draft=draft, device=device, dtype=dtype, draft_device=draft_device,
                          progress=True, backend=backend, draft_backend=draft_backend)
+    engine.allow_control_tokens = allow_control_tokens
     with engine:
-        print(f"mirrorsd: serving {model_name or target} at http://{host}:{port}/v1", file=sys.stderr)
+        print(f"mirrorsd: serving {model_name or target} at http://{host}:{sock.getsockname()[1]}/v1",
+              file=sys.stderr)
         run_server(engine, host=host, port=port, api_key=api_key, model_name=model_name or target,
-                   limits=ServerLimits(max_tokens=max_tokens_limit, max_body_bytes=max_body_bytes))
+                   limits=limits, sock=sock, shutdown_grace_s=shutdown_grace)
 
 
 datastore_app = typer.Typer(no_args_is_help=True, help="Retrieval datastores for the retrieval drafter.")
@@ -403,8 +424,18 @@ def datastore_info(path: Annotated[str, typer.Argument(help="A datastore folder.
 
 
 def main() -> None:
+    try:  # typer 0.2x vendors click; older typer uses click itself
+        from typer._click.exceptions import UsageError
+    except ImportError:
+        from click.exceptions import UsageError
     try:
-        app()
+        code = app(standalone_mode=False, prog_name="mirrorsd")
+    except UsageError as err:  # a bad option value, an unknown option or command: the same shape as ours
+        print(f"mirrorsd: error: {err.format_message()}", file=sys.stderr)
+        print(f"  hint: see `{err.ctx.command_path if err.ctx else 'mirrorsd'} --help`", file=sys.stderr)
+        sys.exit(2)
+    except typer.Abort:
+        sys.exit(130)
     except MirrorsdError as err:
         print(f"mirrorsd: error: {err.message}", file=sys.stderr)
         if err.hint:
@@ -412,6 +443,8 @@ def main() -> None:
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

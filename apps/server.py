@@ -25,16 +25,17 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mirrorsd.apps.chat_session import describe_error
 from mirrorsd.config import GenerationConfig
-from mirrorsd.errors import MirrorsdError
+from mirrorsd.errors import ConfigError, MirrorsdError
 from mirrorsd.results import FinishEvent, GenerationResult, TokenEvent
 
 log = logging.getLogger("mirrorsd.server")
@@ -49,17 +50,21 @@ class ServerLimits:
     max_body_bytes: int = 1 << 20
     """Largest request body (over it: 413)."""
 
+    max_queue: int = 8
+    """Requests that may wait behind the running one (over it: 429 with Retry-After)."""
+
 
 class OpenAIError(Exception):
     """An error answered as OpenAI's API answers it."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers
 
     def response(self) -> JSONResponse:
-        return JSONResponse(status_code=self.status, content=self.body())
+        return JSONResponse(status_code=self.status, content=self.body(), headers=self.headers)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -68,37 +73,38 @@ class OpenAIError(Exception):
 # -- request bodies (extra fields that OpenAI clients send and we do not use are accepted) ------------
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # Integers are strict (true is not 1) and floats finite, so a value is applied as sent or refused.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)  # llama.cpp / vLLM extension
+    top_k: StrictInt | None = Field(default=None, ge=0)  # llama.cpp / vLLM extension
     repetition_penalty: float | None = Field(default=None, gt=0.0)  # llama.cpp / vLLM extension
-    seed: int | None = None
+    seed: StrictInt | None = Field(default=None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: dict | None = None
-    n: int = 1
+    n: StrictInt = 1
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: str
-    content: str | list[dict] | None = None
+    role: Literal["system", "user", "assistant"]
+    content: str | list[dict]
 
 
 class ChatRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[str] | list[int]
-    echo: bool = False
-    logprobs: int | None = None
+    prompt: str | list[str] | list[StrictInt]
+    echo: StrictBool = False
+    logprobs: StrictInt | None = None
 
 
 # -- the single-engine queue ---------------------------------------------------------------------------
@@ -127,20 +133,26 @@ _CANCELLED = object()
 class Runner:
     """Runs requests in turn on one Engine in one worker thread, first come first served."""
 
-    def __init__(self, engine) -> None:
-        self.engine = engine
+    def __init__(self, engine, max_queue: int = 8) -> None:
+        self.engine, self.max_queue = engine, max_queue
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirrorsd-engine")
         self._state = threading.Lock()
         self.queued = 0
         self.running: TokenEvent | None = None  # the in-flight request's latest event (live stats)
         self.busy = False
         self.finished: Counter[str] = Counter()  # finish reasons of finished requests
+        self.jobs: set[Job] = set()  # queued and running
         self.last_stats: dict | None = None
 
     def submit(self, ids: list[int], config: GenerationConfig) -> Job:
         job = Job(ids, config, asyncio.get_running_loop())
         with self._state:
+            if self.queued >= self.max_queue:
+                raise OpenAIError(429, f"the server is busy: {self.queued} requests are waiting (--max-queue "
+                                  f"{self.max_queue}); retry shortly", "rate_limit_error", code="queue_full",
+                                  headers={"Retry-After": "1"})
             self.queued += 1
+            self.jobs.add(job)
         self._pool.submit(self._work, job)
         return job
 
@@ -148,7 +160,7 @@ class Runner:
         with self._state:
             self.queued -= 1
         if job.cancelled.is_set():  # its client left while it waited
-            self._finish("cancelled", None)
+            self._finish(job, "cancelled", None)
             job.put(_CANCELLED)
             return
         self.busy = True
@@ -173,12 +185,13 @@ class Runner:
                 stream.close()  # cancels the generation if it is still running
             self.running = None
             self.busy = False
-            self._finish(reason, stats)
+            self._finish(job, reason, stats)
         if reason == "cancelled":
             job.put(_CANCELLED)
 
-    def _finish(self, reason: str, stats: dict | None) -> None:
+    def _finish(self, job: Job, reason: str, stats: dict | None) -> None:
         with self._state:
+            self.jobs.discard(job)
             self.finished[reason] += 1
             if stats is not None:
                 self.last_stats = stats
@@ -191,6 +204,11 @@ class Runner:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
+    def cancel_all(self) -> None:
+        """Cancel the running and the queued requests (shutting down)."""
+        for job in list(self.jobs):
+            job.cancel()
+
 
 # -- the app -------------------------------------------------------------------------------------------
 
@@ -198,27 +216,23 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
                limits: ServerLimits | None = None) -> FastAPI:
     """The ASGI app serving `engine` under the model id `model_name` (default: engine.name)."""
     limits = limits or ServerLimits()
+    if api_key is not None and not api_key.strip():
+        raise ConfigError("the API key is empty", "pass a non-empty --api-key (or MIRRORSD_API_KEY), or none")
     model_id = model_name or engine.name
-    runner = Runner(engine)
+    runner = Runner(engine, limits.max_queue)
     created = int(time.time())
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
+        runner.cancel_all()
         runner.close()
 
     app = FastAPI(title="mirrorsd", description="OpenAI-compatible server on a mirrorsd Engine", lifespan=lifespan)
     app.state.runner = runner
     app.add_middleware(_BodyLimit, limit=limits.max_body_bytes)
-
-    def check_key(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-            raise OpenAIError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'",
-                              code="invalid_api_key")
+    if api_key is not None:  # outermost: the key is checked before any body is read or parsed
+        app.add_middleware(_KeyCheck, key=api_key)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request, exc: OpenAIError):
@@ -253,7 +267,7 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
     async def health() -> dict:
         return runner.health()
 
-    @app.get("/v1/models", dependencies=[Depends(check_key)])
+    @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
                                             "owned_by": "mirrorsd"}]}
@@ -280,13 +294,13 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
             raise OpenAIError(400, str(exc), code="invalid_value") from exc
         return ids, config
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
+    @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         messages = [{"role": m.role, "content": _text_of(m.content)} for m in body.messages]
-        ids, config = prepare(body, messages)
+        ids, config = await asyncio.to_thread(prepare, body, messages)  # tokenising: off the event loop
         return await respond(request, body, ids, config, chat=True)
 
-    @app.post("/v1/completions", dependencies=[Depends(check_key)])
+    @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         if body.echo or body.logprobs:
             raise OpenAIError(400, "echo and logprobs are not supported", param="echo" if body.echo else "logprobs",
@@ -296,7 +310,7 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
             if len(prompt) != 1:
                 raise OpenAIError(400, "send one prompt per request", param="prompt", code="invalid_value")
             prompt = prompt[0]
-        ids, config = prepare(body, prompt)
+        ids, config = await asyncio.to_thread(prepare, body, prompt)
         return await respond(request, body, ids, config, chat=False)
 
     async def respond(request: Request, body: _Request, ids: list[int], config: GenerationConfig, chat: bool):
@@ -325,8 +339,6 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
 
 def _text_of(content) -> str:
     """Message content as text: a string, or the text parts of a list of content parts."""
-    if content is None:
-        return ""
     if isinstance(content, str):
         return content
     parts = []
@@ -359,15 +371,24 @@ def _accounting(result: GenerationResult) -> dict:
     }
 
 
+DISCONNECT_CHECK_S = 0.25
+
+
 async def _collect(job: Job, request: Request) -> GenerationResult | None:
-    """Wait for the whole result, watching for the client going away meanwhile."""
+    """Wait for the whole result, checking every DISCONNECT_CHECK_S (while tokens flow, too) that the
+    client is still there: one that went away cancels its generation."""
+    checked = time.monotonic()
     while True:
         try:
-            item = await asyncio.wait_for(job.events.get(), timeout=0.25)
+            item = await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_CHECK_S)
         except TimeoutError:
+            item = None
+        if time.monotonic() - checked >= DISCONNECT_CHECK_S or item is None:
+            checked = time.monotonic()
             if await request.is_disconnected():
                 job.cancel()
                 return None
+        if item is None:
             continue
         if isinstance(item, FinishEvent):
             return item.result
@@ -412,6 +433,27 @@ async def _sse(job: Job, rid: str, model_id: str, chat: bool, include_usage: boo
             return
     finally:
         job.cancel()
+
+
+class _KeyCheck:
+    """ASGI middleware: every path but /health needs 'Authorization: Bearer KEY' (the docs and the
+    OpenAPI schema too), checked before the body is read."""
+
+    def __init__(self, app, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/health":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or []).get(b"authorization", b"")
+        scheme, _, token = given.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+            err = OpenAIError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'",
+                              code="invalid_api_key")
+            await err.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class _BodyLimit:
@@ -472,7 +514,7 @@ class BackgroundServer:
     """The real uvicorn server in a thread, on a socket bound before it starts (port 0 = any free
     port; `.url` tells which). A context manager; used by the tests and by programs that embed a server."""
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, shutdown_grace_s: float = 5.0) -> None:
         import uvicorn
 
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -480,7 +522,8 @@ class BackgroundServer:
         self.sock.bind((host, port))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                                    timeout_graceful_shutdown=shutdown_grace_s))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> "BackgroundServer":
@@ -498,13 +541,33 @@ class BackgroundServer:
         self.sock.close()
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now (before a model loads): a bad or busy port is a clear error."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"port {port} is out of range", "use a TCP port in 0-65535, e.g. --port 8080")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                          "pick another --port (is another server running there?) or --host") from exc
+    return sock
+
+
 def serve(engine, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
-          model_name: str | None = None, limits: ServerLimits | None = None) -> None:
-    """Serve until Ctrl-C (blocking)."""
+          model_name: str | None = None, limits: ServerLimits | None = None, sock: socket.socket | None = None,
+          shutdown_grace_s: float = 5.0) -> None:
+    """Serve until Ctrl-C or SIGTERM (blocking). On either, the server stops accepting connections, lets
+    running requests finish for up to `shutdown_grace_s`, then cancels them and the queued ones, and exits."""
     import uvicorn
 
     app = create_app(engine, model_name=model_name, api_key=api_key, limits=limits)
     if not is_loopback(host) and api_key is None:
         log.warning("serving on %s without --api-key: anyone who can reach this address can use the model", host)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    sock = sock or bind_socket(host, port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=shutdown_grace_s))
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal once it has shut down
+        server.run(sockets=[sock])
 

@@ -253,13 +253,34 @@ def convert_gguf_file(path: Path, progress: bool = True) -> Path:
         return root / "hf"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    _convert(path, root / "hf", progress, f"converting {path.name} to safetensors")
+    try:
+        _convert(path, root / "hf", progress, f"converting {path.name} to safetensors")
+    except Exception as exc:  # noqa: BLE001 - gguf / transformers raise many types for a bad file
+        shutil.rmtree(root, ignore_errors=True)  # leave nothing half-built in the cache
+        raise CatalogError(f"{path} could not be read as a GGUF model ({type(exc).__name__}: "
+                           f"{(str(exc).splitlines() or [''])[0]})",
+                           "check that it is a complete GGUF file of a llama-family model") from exc
     _write_manifest(root, None)
     return root / "hf"
 
 
-def _write_manifest(root: Path, entry: CatalogEntry | None) -> None:
-    files = {str(p.relative_to(root)): p.stat().st_size for p in sorted((root / "hf").rglob("*")) if p.is_file()}
+def _file_record(p: Path) -> dict:
+    st = p.stat()
+    return {"size": st.st_size, "blake2b": _digest(p), "mtime_ns": st.st_mtime_ns}
+
+
+def _digest(p: Path) -> str:
+    h = hashlib.blake2b(digest_size=32)
+    with open(p, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_manifest(root: Path, entry: CatalogEntry | None, files: dict | None = None) -> None:
+    """complete.json: each file's size and BLAKE2b digest (and the mtime at which it was last hashed)."""
+    if files is None:
+        files = {str(p.relative_to(root)): _file_record(p) for p in sorted((root / "hf").rglob("*")) if p.is_file()}
     manifest = {"name": entry.name if entry else None, "gguf_sha256": entry.sha256 if entry else None,
                 "files": files}
     tmp = root / "complete.json.tmp"
@@ -268,21 +289,40 @@ def _write_manifest(root: Path, entry: CatalogEntry | None) -> None:
 
 
 def _entry_problem(root: Path) -> str | None:
+    """None when the entry is complete and unchanged: every file of the size recorded and, where its mtime
+    moved since it was last hashed (anything that wrote to it), of the recorded digest."""
     manifest = root / "complete.json"
     if not manifest.exists():
         built = root.exists() and any(p.name not in ("gguf", "tokenizer") for p in root.iterdir())
         return "an earlier build did not finish" if built else "missing"
     try:
-        files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError):
+        recorded = json.loads(manifest.read_text())
+        files = recorded["files"]
+        rehashed = False
+        for rel, want in files.items():
+            p = root / rel
+            if not p.is_file():
+                return f"{rel} is missing"
+            want = want if isinstance(want, dict) else {"size": want}  # entries built before digests
+            st = p.stat()
+            if st.st_size != want["size"]:
+                return f"{rel} has {st.st_size} bytes, expected {want['size']} (truncated?)"
+            if st.st_mtime_ns != want.get("mtime_ns"):
+                if want.get("blake2b") not in (None, _digest(p)):
+                    return f"{rel} changed on disk since it was built (its digest differs)"
+                files[rel] = {**want, "blake2b": want.get("blake2b") or _digest(p), "mtime_ns": st.st_mtime_ns}
+                rehashed = True
+    except (ValueError, KeyError, TypeError, AttributeError):
         return "complete.json is unreadable"
-    for rel, size in files.items():
-        p = root / rel
-        if not p.is_file():
-            return f"{rel} is missing"
-        if p.stat().st_size != size:
-            return f"{rel} has {p.stat().st_size} bytes, expected {size} (truncated?)"
+    if rehashed:
+        _write_manifest(root, lookup(recorded["name"]) if recorded.get("name") in CATALOG else None, files)
     return None
+
+
+def invalidate(name_or_root: str | Path) -> None:
+    """Mark a cache entry as needing a rebuild (a load of it failed)."""
+    root = entry_dir(name_or_root) if isinstance(name_or_root, str) else Path(name_or_root)
+    (root / "complete.json").unlink(missing_ok=True)
 
 
 def _stderr_console():

@@ -10,6 +10,8 @@ parts, flat; `.sampling` and `.speculative` are the parts, validated at construc
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field, fields
 
 from mirrorsd.errors import ConfigError
@@ -39,6 +41,9 @@ class SamplingParams:
     """Seed for the sampling random stream. Same seed, same config, same models: same output."""
 
     def __post_init__(self) -> None:
+        check_types(self)
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed}", "e.g. seed=0, or None")
         if not (self.temperature >= 0.0) or self.temperature != self.temperature:
             raise ConfigError(
                 f"temperature must be >= 0, got {self.temperature!r}",
@@ -101,6 +106,7 @@ class SpeculativeConfig:
     the rest of the request (the model-free fallback serves on); output is unchanged."""
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.num_draft_tokens < 0 or self.max_draft_tokens < 1:
             raise ConfigError(
                 f"num_draft_tokens must be >= 0 and max_draft_tokens >= 1, got "
@@ -147,18 +153,46 @@ class GenerationConfig:
     speculative: SpeculativeConfig = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        check_types(self)
+        if self.max_new_tokens < 1:
             raise ConfigError(
                 f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}",
                 "ask for at least one new token, e.g. max_new_tokens=128",
             )
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+            raise ConfigError(f"stop must be a non-empty string or a list of them, got {self.stop!r}",
+                              'e.g. stop=["\\n\\n"]')
+        object.__setattr__(self, "stop", tuple(stop))
         object.__setattr__(self, "sampling", _part(SamplingParams, self))
         object.__setattr__(self, "speculative", _part(SpeculativeConfig, self))
-        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
 
     @property
     def greedy(self) -> bool:
         return self.sampling.greedy
+
+
+_KINDS = {"int": (numbers.Integral, "an integer"), "float": (numbers.Real, "a finite number"),
+          "bool": (bool, "true or false"), "str": (str, "a string")}
+
+
+def check_types(config) -> None:
+    """Every scalar field holds its declared type (no bool for a number, no float for an integer, no
+    NaN or infinity): a wrong type is a ConfigError at construction, not a TypeError mid-generation."""
+    for f in fields(config):
+        if not f.init:
+            continue
+        value, declared = getattr(config, f.name), str(f.type)
+        optional = declared.endswith(" | None")
+        kind = _KINDS.get(declared.removesuffix(" | None"))
+        if kind is None or (value is None and optional):
+            continue
+        ok = isinstance(value, kind[0]) and (declared == "bool" or not isinstance(value, bool))
+        if ok and kind[0] is numbers.Real:
+            ok = math.isfinite(value)
+        if not ok:
+            raise ConfigError(f"{f.name} must be {kind[1]}{' or None' if optional else ''}, got {value!r}",
+                              f"e.g. {f.name}={f.default!r}")
 
 
 def _part(cls: type, config: GenerationConfig):

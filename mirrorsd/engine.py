@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import numbers
 import threading
 import time
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 
+from mirrorsd.chat_tokens import chat_ids
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import CausalLM, Drafter, DraftModel, LearningDrafter
 from mirrorsd.errors import ConfigError, EngineClosedError, PromptError
@@ -28,6 +31,19 @@ Prompt = str | Sequence[dict] | Sequence[int]
 """A raw string, chat messages ([{"role": ..., "content": ...}], run through the chat template) or token ids."""
 
 
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def check_messages(messages) -> list[dict]:
+    """Chat messages as the template expects them: a known role and string content each."""
+    for i, m in enumerate(messages):
+        if m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
+            raise PromptError(f"message {i} needs a role ({' | '.join(CHAT_ROLES)}) and string content, got "
+                              f"role {m.get('role')!r} and content of type {type(m.get('content')).__name__}",
+                              'e.g. {"role": "user", "content": "Hello"}')
+    return list(messages)
+
+
 class Engine:
     """A target model (a CausalLM on some backend) plus an optional drafter.
 
@@ -40,6 +56,10 @@ class Engine:
     pipeline lets it serve steps where its draft beats waiting for the model's; it takes over when
     `drafter` fails mid-request. None: plain decoding takes over.
     eos_ids: token ids that end a reply (default: the tokenizer's EOS, and a transformers model's own)."""
+
+    allow_control_tokens = False
+    """False (default): control-token text inside a chat message stays plain text (a client cannot forge a
+    turn; mirrorsd/chat_tokens.py). True: it becomes control tokens, as a plain template render does."""
 
     def __init__(self, target, tokenizer, drafter: Drafter | None = None, device: torch.device | str | None = None,
                  name: str = "target", fallback: Drafter | None = None, eos_ids: frozenset[int] | None = None) -> None:
@@ -97,18 +117,27 @@ class Engine:
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids for a prompt; chat messages go through the model's chat template."""
+        if isinstance(prompt, np.ndarray):
+            prompt = prompt.tolist()
         if isinstance(prompt, str):
             if not prompt:
                 raise PromptError("the prompt is empty", "give some text to continue, or chat messages")
             ids = self.tokenizer(prompt)["input_ids"]
-        elif len(prompt) and isinstance(prompt[0], dict):
+        elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
             if getattr(self.tokenizer, "chat_template", None) is None:
                 raise PromptError(f"{self.name} has no chat template", "pass a plain string prompt instead")
-            ids = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
-            if hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-        else:
+            ids = chat_ids(self.tokenizer, check_messages(prompt), self.allow_control_tokens)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                                                       for t in prompt):
             ids = [int(t) for t in prompt]
+            if any(not 0 <= t < self.verifier.vocab_size for t in ids):
+                raise PromptError(f"prompt token ids must be in [0, {self.verifier.vocab_size}) for {self.name}",
+                                  "encode text with this model's tokenizer (engine.encode)")
+        else:
+            raise PromptError(f"a prompt is a string, a list of chat messages or a list of token ids; got "
+                              f"{type(prompt).__name__}" + (" of mixed items" if isinstance(prompt, (list, tuple))
+                                                            else ""),
+                              'e.g. "Hello", [{"role": "user", "content": "Hello"}] or [15496, 11]')
         ids = list(ids)
         if not ids:
             raise PromptError("the prompt is empty", "give some text to continue, or chat messages")

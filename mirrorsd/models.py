@@ -70,10 +70,19 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, progress: bo
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except OSError as exc:
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types for a broken folder
+        if spec in catalog.CATALOG:  # our own cache entry is broken: rebuild it once, from the GGUF
+            catalog.invalidate(spec)
+            path = resolve_model_path(spec, progress=progress)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            return model.to(device).eval(), tokenizer
+        hub = isinstance(exc, OSError) and not Path(spec).exists()
         raise ModelNotFoundError(
-            f"could not load model {spec!r}: {str(exc).splitlines()[0]}",
+            f"could not load model {spec!r}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}",
             "hub ids need a reachable Hugging Face hub; offline, use a catalog name "
-            f"({', '.join(catalog.CATALOG)}), a local folder or a .gguf file",
+            f"({', '.join(catalog.CATALOG)}), a local folder or a .gguf file" if hub else
+            "the folder is not a loadable transformers model (check its config.json and weights), or use a "
+            "catalog name / a .gguf file",
         ) from exc
     return model.to(device).eval(), tokenizer

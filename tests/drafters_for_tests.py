@@ -28,26 +28,67 @@ class RandomTokenDrafter:
         pass
 
 
+def _q(vocab: int, tokens: list[int], how: str) -> np.ndarray:
+    """[k, vocab] draft distributions broken in the chosen way (each row's own token kept likely)."""
+    q = np.full((len(tokens), vocab), 0.5 / vocab)
+    q[np.arange(len(tokens)), tokens] += 0.5
+    if how == "nan-q":
+        q[:] = np.nan
+    elif how == "inf-q":
+        q[:, 0] = np.inf
+    elif how == "negative-q":
+        q[:, 1] = -0.3
+    elif how == "unnormalised-q":
+        q *= 3.0
+    elif how == "zero-q-for-token":
+        q[np.arange(len(tokens)), tokens] = 0.0
+        q /= q.sum(axis=1, keepdims=True)
+    elif how == "1d-q":
+        return q[0]
+    return q
+
+
 class FailingDrafter(RandomTokenDrafter):
-    """Works for `good_steps` proposals, then misbehaves in the chosen way."""
+    """Works for `good_steps` proposals, then misbehaves in the chosen way (FAULTS)."""
 
     name = "failing"
+    FAULTS = ("raise", "garbage", "too-long", "feedback-raises", "nan-q", "inf-q", "negative-q", "unnormalised-q",
+              "zero-q-for-token", "1d-q", "string-ids", "float-ids", "not-a-draft", "start-raises", "hang",
+              "mutate-history")
 
-    def __init__(self, vocab_size: int, how: str, good_steps: int = 2) -> None:
+    def __init__(self, vocab_size: int, how: str, good_steps: int = 2, hang_s: float = 3.0) -> None:
         super().__init__(vocab_size)
-        self.how, self.left = how, good_steps
+        self.how, self.left, self.hang_s = how, good_steps, hang_s
+
+    def start(self, config: GenerationConfig) -> None:
+        if self.how == "start-raises":
+            raise RuntimeError("could not open the NPU")
 
     def propose(self, committed, max_tokens):
         self.left -= 1
+        good = super().propose(committed, max_tokens)
         if self.left >= 0:
-            return super().propose(committed, max_tokens)
-        if self.how == "raise":
+            return good
+        how = self.how
+        if how == "raise":
             raise RuntimeError("NPU went away")
-        if self.how == "garbage":
+        if how == "garbage":
             return Draft([self.vocab_size + 5] * max_tokens, None, self.name)
-        if self.how == "too-long":
+        if how == "too-long":
             return Draft([0] * (max_tokens + 3), None, self.name)
-        return super().propose(committed, max_tokens)
+        if "-q" in how:
+            return Draft(good.tokens, _q(self.vocab_size, good.tokens, how), self.name)
+        if how == "string-ids":
+            return Draft([str(t) for t in good.tokens], None, self.name)
+        if how == "float-ids":
+            return Draft([t + 0.5 for t in good.tokens], None, self.name)
+        if how == "not-a-draft":
+            return good.tokens
+        if how == "hang":
+            time.sleep(self.hang_s)
+        if how == "mutate-history":
+            committed.append(0)  # the history is read-only: this must raise
+        return good
 
     def accepted(self, committed, n_accepted):
         if self.how == "feedback-raises" and self.left < 0:
@@ -76,8 +117,8 @@ class PacedDrafter:
 
 class HistoryCorruptingDrafter(RandomTokenDrafter):
     """Breaks the Drafter contract: appends a token to the committed history it is handed (which it must
-    only read) and proposes nothing. The loop then continues from a history the target never produced, so
-    its output differs from target-only decoding: what the benchmark's greedy equality check must catch."""
+    only read) and proposes nothing. The history is handed over read-only, so this raises and the drafter
+    is dropped; were it writable, the output would continue from a history the target never produced."""
 
     name = "corrupting"
 

@@ -66,6 +66,21 @@ def assert_distribution(engine, prompt, cfg, p1, p2, seeds: int, min_drafted: in
     assert pvalue(second, p2) > 1e-3
 
 
+def wait_idle(url: str, timeout: float = 30.0) -> dict:
+    """A server's /health once its engine is idle (nothing running, nothing queued)."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        health = httpx.get(url + "/health").json()
+        if not health["busy"] and health["queued"] == 0:
+            return health
+        time.sleep(0.05)
+    raise AssertionError(f"the engine stayed busy: {health}")
+
+
 CLI = [sys.executable, "-m", "mirrorsd"]
 
 

@@ -177,6 +177,7 @@ class _Pipeline:
 
     def close(self) -> None:
         self._stop_worker()
+        self.inline.close()
 
     # -- helpers -----------------------------------------------------------------------------------
 

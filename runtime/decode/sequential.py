@@ -31,12 +31,15 @@ def speculative_decode(
     A drafter that fails is dropped for the request; `fallback` (if any) drafts from then on."""
     core = StepCore(verifier, prompt_ids, config, max_new_tokens, timeline)
     source = DraftSource(drafter, fallback, config, verifier.vocab_size, core.timeline)
-    while not core.done:
-        start = time.perf_counter()
-        draft = source.propose(core.committed, core.budget() if source.active else 0)
-        outcome = core.verify(draft)
-        core.commit(outcome)
-        source.accepted(core.committed, outcome.n_accepted)
-        draft_seconds = outcome.start - start
-        core.learn(len(draft.tokens), draft_seconds, outcome, draft_seconds + outcome.seconds)
-        yield make_step(draft, outcome, draft_seconds, source.take_fault())
+    try:
+        while not core.done:
+            start = time.perf_counter()
+            draft = source.propose(core.committed, core.budget() if source.active else 0)
+            outcome = core.verify(draft)
+            core.commit(outcome)
+            source.accepted(core.committed, outcome.n_accepted)
+            draft_seconds = outcome.start - start
+            core.learn(len(draft.tokens), draft_seconds, outcome, draft_seconds + outcome.seconds)
+            yield make_step(draft, outcome, draft_seconds, source.take_fault())
+    finally:
+        source.close()

@@ -8,6 +8,9 @@ lossless `verify` call, committing, the estimators (K schedule, speculation gate
 from __future__ import annotations
 
 import logging
+import numbers
+import queue
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -94,16 +97,19 @@ class StepCore:
 
 
 class DraftSource:
-    """Checked drafting on the calling thread: the drafter until its first fault (an exception, or a
-    draft that breaks the contract), then the fallback, then nothing. A fault costs speed, never output;
-    `take_fault()` reports it once, for the step's record."""
+    """Checked drafting for a loop that drafts between verify steps: the drafter until its first fault (an
+    exception, a draft that breaks the contract, or no answer within draft_timeout_s), then the fallback,
+    then nothing. A fault costs speed, never output; `take_fault()` reports it once, for the step's record.
+    Drafters run on a helper thread so that one that hangs can be abandoned, and see the committed history
+    as a tuple: nothing a drafter does can write to it."""
 
     def __init__(self, drafter: Drafter | None, fallback: Drafter | None, config: GenerationConfig,
                  vocab_size: int, timeline: Timeline) -> None:
         self.config, self.vocab_size, self.timeline = config, vocab_size, timeline
         self.drafter, self.fallback = drafter, fallback
         self._fault: str | None = None
-        self._start(drafter)
+        self._caller = _Caller() if drafter is not None else None
+        self._start()
 
     @property
     def active(self) -> bool:
@@ -114,8 +120,8 @@ class DraftSource:
             return Draft.empty()
         try:
             with self.timeline.span(DRAFT, f"{self.drafter.name} draft") as span:
-                draft = self.drafter.propose(committed, budget)
-                check_draft(draft, budget, self.vocab_size)
+                draft = check_draft(self._call(self.drafter.propose, tuple(committed), budget), budget,
+                                    self.vocab_size)
                 span["tokens"] = len(draft.tokens)
             return draft
         except Exception as exc:  # a failing drafter costs speed, never output
@@ -126,7 +132,7 @@ class DraftSource:
         if self.drafter is None:
             return
         try:
-            self.drafter.accepted(committed, n_accepted)
+            self._call(self.drafter.accepted, tuple(committed), n_accepted)
         except Exception as exc:
             self._drop(exc)
 
@@ -134,14 +140,58 @@ class DraftSource:
         fault, self._fault = self._fault, None
         return fault
 
+    def close(self) -> None:
+        if self._caller is not None:
+            self._caller.close()
+
+    def _call(self, fn, *args):
+        return self._caller.call(fn, args, self.config.draft_timeout_s)
+
     def _drop(self, exc: Exception) -> None:
         self._fault = drop_message(self.drafter, exc)
         self.drafter, self.fallback = self.fallback, None
-        self._start(self.drafter)
+        if isinstance(exc, TimeoutError):  # the helper thread is stuck in the drafter: leave it there
+            self._caller.close()
+            self._caller = _Caller()
+        self._start()
 
-    def _start(self, drafter: Drafter | None) -> None:
-        if drafter is not None:
-            drafter.start(self.config)
+    def _start(self) -> None:
+        if self.drafter is not None:
+            try:
+                self._call(self.drafter.start, self.config)
+            except Exception as exc:
+                self._drop(exc)
+
+
+class _Caller:
+    """Runs calls on one daemon thread and waits for each at most `timeout` seconds. A call that overruns
+    raises TimeoutError; its thread is abandoned (never joined), so a hung drafter cannot hang the request."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="mirrorsd-drafter", daemon=True).start()
+
+    def call(self, fn, args: tuple, timeout: float):
+        answer: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs.put((fn, args, answer))
+        try:
+            ok, value = answer.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no answer within draft_timeout_s = {timeout} s") from None
+        if not ok:
+            raise value
+        return value
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+    def _loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, args, answer = job
+            try:
+                answer.put((True, fn(*args)))
+            except BaseException as exc:  # handed to the caller, which drops the drafter
+                answer.put((False, exc))
 
 
 def make_step(draft: Draft, outcome: Outcome, draft_seconds: float, fault: str | None,
@@ -157,12 +207,37 @@ def drop_message(drafter: Drafter, exc: Exception) -> str:
     return reason
 
 
-def check_draft(draft: Draft, budget: int, vocab_size: int) -> None:
-    """A draft must be short enough, in-vocabulary and carry one q row per token."""
-    k = len(draft.tokens)
+def check_draft(draft: Draft, budget: int, vocab_size: int) -> Draft:
+    """A draft as the verifier may trust it, or ValueError: a Draft of at most `budget` integer token ids in
+    the target vocabulary and, when sampled, one row of q per token that is a distribution (finite,
+    non-negative, summing to 1) giving its own token a positive probability. Returns it normalised (ids as
+    ints, q as float64 [k, V'])."""
+    if not isinstance(draft, Draft):
+        raise ValueError(f"propose() returned {type(draft).__name__}, not a Draft")
+    tokens = draft.tokens.tolist() if isinstance(draft.tokens, np.ndarray) else draft.tokens
+    if not isinstance(tokens, (list, tuple)):
+        raise ValueError(f"draft tokens are a {type(tokens).__name__}, not a list of ids")
+    if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in tokens):
+        raise ValueError("draft token ids must be integers")
+    tokens = [int(t) for t in tokens]
+    k = len(tokens)
     if k > budget:
         raise ValueError(f"proposed {k} tokens, more than the {budget} asked for")
-    if any(not (0 <= int(t) < vocab_size) for t in draft.tokens):
+    if any(not (0 <= t < vocab_size) for t in tokens):
         raise ValueError(f"proposed token ids outside the target vocabulary [0, {vocab_size})")
-    if draft.probs is not None and draft.probs.shape[0] != k:
-        raise ValueError(f"draft probs have {draft.probs.shape[0]} rows for {k} tokens")
+    if draft.probs is None:
+        return Draft(tokens, None, str(draft.source))
+    q = np.asarray(draft.probs, dtype=np.float64)
+    if q.ndim != 2 or q.shape[0] != k:
+        raise ValueError(f"draft probs have shape {q.shape}, not one row per token ({k} rows)")
+    if k == 0:
+        return Draft([], None, str(draft.source))
+    sums = q.sum(axis=1)  # NaN or inf anywhere in a row shows here
+    if not np.isfinite(sums).all() or q.min() < 0 or np.abs(sums - 1).max() > Q_SUM_TOLERANCE:
+        raise ValueError("draft probs are not distributions (NaN, inf, negative, or rows not summing to 1)")
+    if any(t >= q.shape[1] or q[i, t] <= 0 for i, t in enumerate(tokens)):
+        raise ValueError("a drafted token has probability 0 under its own draft distribution")
+    return Draft(tokens, q, str(draft.source))
+
+
+Q_SUM_TOLERANCE = 1e-3  # float32/float16 softmax rows sum to 1 within ~1e-6 / 1e-3

@@ -181,7 +181,7 @@ class DraftWorker:
             state.seq = list(msg.committed) + list(msg.ahead)
             state.epoch, state.limit, state.stalled, state.branches = msg.epoch, msg.limit, False, []
         elif isinstance(msg, Advance):
-            self.drafter.accepted(state.seq[:msg.committed_len], msg.n_accepted)
+            self.drafter.accepted(tuple(state.seq[:msg.committed_len]), msg.n_accepted)
             state.limit, state.branches = msg.limit, []
         elif isinstance(msg, Extend):
             state.limit = max(state.limit, msg.limit)
@@ -209,13 +209,12 @@ class DraftWorker:
         with self.timeline.span(DRAFT, what) as span:
             start = time.perf_counter()
             if isinstance(self.drafter, DraftModel):
-                pairs = list(self.drafter.propose_iter(context, 1))
+                pairs = list(self.drafter.propose_iter(tuple(context), 1))
                 rows = [q for _, q in pairs if q is not None]
                 draft = Draft([t for t, _ in pairs], np.stack(rows) if rows else None, self.drafter.name)
-                check_draft(draft, min(max_tokens, 1), self.vocab_size)
-            else:
-                draft = self.drafter.propose(context, max_tokens)
-                check_draft(draft, max_tokens, self.vocab_size)
+                draft = check_draft(draft, min(max_tokens, 1), self.vocab_size)
+            else:  # the drafter sees a tuple: it cannot write to the worker's history
+                draft = check_draft(self.drafter.propose(tuple(context), max_tokens), max_tokens, self.vocab_size)
             span["tokens"] = len(draft.tokens)
         if draft.tokens:
             self.token_seconds.update((time.perf_counter() - start) / len(draft.tokens))

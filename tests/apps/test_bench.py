@@ -8,16 +8,24 @@ import json
 import pytest
 
 from conftest import make_model
-from drafters_for_tests import HistoryCorruptingDrafter
 from mirrorsd import Engine
 from mirrorsd.apps.bench import QUICK, BenchOptions, run_bench
-from mirrorsd.apps.bench_configs import CONFIGS, TARGET_ONLY, BenchConfig, ours
+from mirrorsd.apps.bench_configs import CONFIGS, ONNX_TARGET_ONLY, TARGET_ONLY, BenchConfig, ours
 from mirrorsd.apps.prompt_suite import CATEGORIES, bundled_suite, load_workload
 from mirrorsd.errors import PromptError
-from mirrorsd.exporters import export_draft
+from mirrorsd.exporters import export_draft, export_verifier
 from mirrorsd.runtime.drafters.retrieval.datastore import build_datastore
 
-BROKEN = "history-corrupting drafter (broken on purpose)"
+BROKEN = "output-altering configuration (broken on purpose)"
+
+
+def altering(run, vocab: int):
+    """A runner whose last token differs from what the wrapped one produced: the greedy check must catch it."""
+    def altered(ids, cfg):
+        out = run(ids, cfg)
+        out.tokens[-1] = (out.tokens[-1] + 1) % vocab
+        return out
+    return altered
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +40,12 @@ def bench_report(tmp_path_factory, tokenizer):
     draft = make_model(tokenizer, seed=1, sharpness=30.0, context=4096)
     export = tmp / "draft-export"  # the same draft, exported for ONNX Runtime (the exported-draft rows)
     export_draft(draft, export, profile="dynamic", max_context=4096, tokenizer=tokenizer, validate=False)
-    broken = BenchConfig(BROKEN, lambda ctx: ours(ctx, HistoryCorruptingDrafter(len(tokenizer))))
+    verifier = tmp / "verifier-export"  # the target, exported for the ONNX verifier rows
+    export_verifier(target, verifier, quant="none", max_context=4096, tokenizer=tokenizer, validate=False)
+    broken = BenchConfig(BROKEN, lambda ctx: altering(ours(ctx, None), len(tokenizer)))
     opts = BenchOptions(**{**QUICK, "target": "tiny-llama", "draft_model": "tiny-llama-draft",
-                           "max_new_tokens": 24}, draft_export=str(export), out=str(tmp / "out"))
+                           "max_new_tokens": 24}, draft_export=str(export), verifier_export=str(verifier),
+                        out=str(tmp / "out"))
     report = run_bench(opts, engine=Engine(target, tokenizer, name="tiny-llama"), draft_lm=draft, datastore=store,
                        configs=[*CONFIGS, broken])
     return report, tmp / "out"
@@ -45,8 +56,9 @@ def test_every_configuration_runs_and_greedy_outputs_match(bench_report):
     names = [r["configuration"] for r in report["rows"]]
     # The llama.cpp rows need a GGUF target (the tiny in-process model is none): listed as not run, with why.
     torch_rows = [c.name for c in CONFIGS if c.reference == TARGET_ONLY]
-    assert names == torch_rows + [BROKEN]
-    assert {s["configuration"] for s in report["skipped"]} == {c.name for c in CONFIGS} - set(torch_rows)
+    onnx_rows = [c.name for c in CONFIGS if c.reference == ONNX_TARGET_ONLY and "llama.cpp" not in c.name]
+    assert names == torch_rows + onnx_rows + [BROKEN]
+    assert {s["configuration"] for s in report["skipped"]} == {c.name for c in CONFIGS} - set(torch_rows + onnx_rows)
     assert all("GGUF" in s["reason"] for s in report["skipped"])
     assert report["categories"] == list(CATEGORIES)
     for row in report["rows"]:
@@ -75,6 +87,10 @@ def test_report_files_are_well_formed(bench_report):
         assert on_disk[key], key
     assert on_disk["models"]["target"]["dtype"] == "torch.float32" and "draft" in on_disk["models"]
     assert on_disk["models"]["draft export"]["backend"] == "onnx:CPU"
+    assert on_disk["models"]["target (onnx)"]["backend"] == "onnx:CPU"
+    assert ONNX_TARGET_ONLY in on_disk["settings"]["near_tie_tolerance"]
+    onnx = [r for r in on_disk["rows"] if r["reference"] == ONNX_TARGET_ONLY]
+    assert onnx and all(r["model_memory_mb"] > 0 for r in onnx)
     exported = next(r for r in on_disk["rows"] if r["configuration"] == "exported draft, overlap (ours)")
     assert set(exported["drafters"]) - {"none", "ngram"} == {"onnx:CPU"}  # the export served the drafted steps
     assert {"torch", "transformers", "python"} <= set(on_disk["versions"])

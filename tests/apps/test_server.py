@@ -11,6 +11,7 @@ import openai  # the official client
 import pytest
 
 from drafters_for_tests import PacedDrafter
+from helpers import wait_idle
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.apps.server import BackgroundServer, ServerLimits, create_app
 from mirrorsd.runtime.drafters import NGramDrafter
@@ -35,16 +36,6 @@ def server(engine):
 @pytest.fixture
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
-
-
-def wait_idle(server, timeout=30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        health = httpx.get(server.url + "/health").json()
-        if not health["busy"] and health["queued"] == 0:
-            return health
-        time.sleep(0.05)
-    raise AssertionError(f"the engine stayed busy: {health}")
 
 
 def test_chat_completion_matches_the_engine_and_carries_stats(client, engine):
@@ -143,7 +134,7 @@ def test_unknown_route_and_unsupported_options(server):
 
 
 def test_client_disconnect_cancels_generation(server):
-    before = wait_idle(server)["finished"].get("cancelled", 0)
+    before = wait_idle(server.url)["finished"].get("cancelled", 0)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "def f(x):"}], "max_tokens": 200,
             "temperature": 0, "stream": True}
     with httpx.Client(timeout=30) as http:
@@ -153,7 +144,7 @@ def test_client_disconnect_cancels_generation(server):
             got = [line for line, _ in zip(lines, range(6)) if line.startswith("data:")]
             assert got and "[DONE]" not in got[-1]
         # leaving the block closes the connection mid-stream
-    health = wait_idle(server, timeout=10)
+    health = wait_idle(server.url, timeout=10)
     assert health["finished"].get("cancelled", 0) == before + 1
     # The engine is free: the next request is served at once and completes.
     t0 = time.monotonic()

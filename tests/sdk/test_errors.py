@@ -41,6 +41,16 @@ def test_generation_stops_at_the_context_limit(target_model, tokenizer):
     ({"top_p": 0.0}, "top_p"),
     ({"top_k": -1}, "top_k"),
     ({"repetition_penalty": 0.0}, "repetition_penalty"),
+    ({"max_new_tokens": True}, "max_new_tokens"),
+    ({"temperature": float("inf")}, "temperature"),
+    ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+    ({"num_draft_tokens": 1.5}, "num_draft_tokens"),
+    ({"temperature": "0.7"}, "temperature"),
+    ({"top_k": None}, "top_k"),
+    ({"stop": ""}, "stop"),
+    ({"stop": [None]}, "stop"),
+    ({"seed": -1}, "seed"),
+    ({"adaptive_k": "yes"}, "adaptive_k"),
 ])
 def test_invalid_generation_settings(kwargs, match):
     with pytest.raises(ConfigError, match=match) as info:
@@ -57,6 +67,29 @@ def test_unknown_model_names_the_catalog():
 def test_folder_that_is_not_a_model(tmp_path):
     with pytest.raises(ModelNotFoundError, match="no config.json"):
         Engine.load(target=str(tmp_path))
+
+
+def test_folder_with_an_empty_config_is_a_clear_error(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelNotFoundError) as info:
+        Engine.load(target=str(tmp_path), backend="torch")
+    assert "config.json" in info.value.hint
+
+
+def test_a_gguf_that_is_not_one_is_a_clear_error_and_leaves_no_cache_folder(tmp_path, monkeypatch):
+    from mirrorsd.errors import MirrorsdError
+
+    monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path / "cache"))
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"not a gguf at all" * 100)
+    with pytest.raises(MirrorsdError):
+        Engine.load(target=str(fake), backend="torch")
+    assert not list((tmp_path / "cache").rglob("*.json")) and not list((tmp_path / "cache").rglob("hf"))
+
+
+def test_draft_of_a_wrong_type_is_a_config_error(target_model, tokenizer):
+    with pytest.raises(ConfigError):
+        Engine(target_model, tokenizer, 123)
 
 
 def test_missing_gguf_file(tmp_path):

@@ -12,7 +12,9 @@ about 0.5 GB peak); opening and looking up allocate O(matches), not O(datastore)
 
 Appends (online learning from generated text) write a new small segment, fsync it, then replace the
 header atomically: a crash mid-append leaves the previous header, which opens as before. When appended
-segments pile up they are merged into one, by the same write-then-swap-the-header rule.
+segments pile up they are merged into one, by the same write-then-swap-the-header rule. An append holds
+an inter-process lock on the folder (`.lock`, filelock) and re-reads the header under it, so appends
+from several handles or processes (a server and a CLI run on one datastore) all land.
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ HEADER = "datastore.json"
 TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".json", ".js", ".ts", ".c", ".h", ".cpp", ".rs", ".go", ".java",
                  ".toml", ".yaml", ".yml", ".html", ".css", ".sh", ".sql"}
 MAX_APPENDED_SEGMENTS = 8
+LOCK = ".lock"
+LOCK_TIMEOUT_S = 60.0
+
+
+class _SegmentGone(Exception):
+    """A segment named by the header was removed by a concurrent merge after the header was read."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,15 @@ class Datastore:
     @classmethod
     def open(cls, path: str | os.PathLike, tokenizer=None) -> "Datastore":
         """Open a datastore; with `tokenizer`, check it was built for that tokenizer."""
-        path = Path(path)
+        for _ in range(3):
+            try:
+                return cls._open(Path(path), tokenizer)
+            except _SegmentGone:  # an append by another process merged it away meanwhile: read again
+                continue
+        return cls._open(Path(path), tokenizer, retry=False)
+
+    @classmethod
+    def _open(cls, path: Path, tokenizer, retry: bool = True) -> "Datastore":
         rebuild = f"rebuild it with `mirrorsd datastore build ... --out {path}`"
         try:
             header = json.loads((path / HEADER).read_text())
@@ -65,8 +81,9 @@ class Datastore:
             raise DatastoreError(f"{path} is not a datastore (no {HEADER})", rebuild) from None
         except ValueError as exc:
             raise DatastoreError(f"{path / HEADER} is corrupt ({exc})", rebuild) from None
-        if header.get("format") != FORMAT:
-            raise DatastoreError(f"{path} is not a mirrorsd datastore", rebuild)
+        if not isinstance(header, dict) or header.get("format") != FORMAT or \
+                not isinstance(header.get("segments"), list):
+            raise DatastoreError(f"{path} is not a mirrorsd datastore (its {HEADER} is not one)", rebuild)
         if header.get("version") != VERSION:
             raise DatastoreError(f"{path} has datastore version {header.get('version')}; this mirrorsd reads {VERSION}",
                                  rebuild)
@@ -82,6 +99,8 @@ class Datastore:
                 tokens = np.load(path / f"{seg['name']}.tokens.npy", mmap_mode="r")
                 sa = np.load(path / f"{seg['name']}.sa.npy", mmap_mode="r")
             except (OSError, ValueError) as exc:
+                if retry and isinstance(exc, FileNotFoundError) and json.loads((path / HEADER).read_text()) != header:
+                    raise _SegmentGone from None
                 raise DatastoreError(f"{path}: segment {seg['name']} is missing or truncated ({exc})", rebuild) from None
             if len(tokens) != seg["tokens"] or len(sa) != seg["tokens"]:
                 raise DatastoreError(
@@ -129,8 +148,19 @@ class Datastore:
         """Durably add one document (e.g. a generated reply) so later lookups can find it."""
         if not len(token_ids):
             return
-        header = copy.deepcopy(self.header)
-        _write_segment(self.path, header, np.asarray(list(token_ids) + [SEPARATOR], dtype=np.int32), appended=True)
+        from filelock import FileLock, Timeout
+
+        try:
+            with FileLock(str(self.path / LOCK), timeout=LOCK_TIMEOUT_S):
+                fresh = self._append_locked(np.asarray(list(token_ids) + [SEPARATOR], dtype=np.int32))
+        except Timeout:
+            raise DatastoreError(f"{self.path} stayed locked by another writer for {LOCK_TIMEOUT_S:.0f} s",
+                                 f"check for a stuck mirrorsd process, or remove {self.path / LOCK}") from None
+        self.header, self.segments = fresh.header, fresh.segments
+
+    def _append_locked(self, document: np.ndarray) -> "Datastore":
+        header = copy.deepcopy(Datastore.open(self.path).header)  # others may have appended since we opened
+        _write_segment(self.path, header, document, appended=True)
         header["documents"] += 1
         appended = [s for s in header["segments"] if s.get("appended")]
         old_files: list[str] = []
@@ -143,8 +173,7 @@ class Datastore:
         for name in old_files:
             for kind in ("tokens", "sa"):
                 (self.path / f"{name}.{kind}.npy").unlink(missing_ok=True)
-        fresh = Datastore.open(self.path)
-        self.header, self.segments = fresh.header, fresh.segments
+        return Datastore.open(self.path)
 
     # -- lookup --------------------------------------------------------------------------------
 

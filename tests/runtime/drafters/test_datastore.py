@@ -111,3 +111,51 @@ def test_memory_stays_bounded_on_a_large_corpus(tokenizer, tmp_path):
     tracemalloc.stop()
     assert store.num_tokens == 2_002_000 and len(store.segments) == 8
     assert lookup_peak < 2_000_000
+
+
+def _doc(start: int) -> list[int]:
+    return list(range(start, start + 12))  # distinct ids: a 10-token match is unique, so one copy is found
+
+
+def _found(store: Datastore, start: int) -> bool:
+    match = store.match(_doc(start)[:10], 1)
+    return match is not None and match.tokens == [start + 10]
+
+
+def _append_many(path: str, start: int, n: int) -> None:
+    store = Datastore.open(path)
+    for i in range(n):
+        store.append(_doc(start + 20 * i))
+
+
+def test_appends_from_two_handles_and_two_processes_all_land(corpus, tokenizer, tmp_path):
+    """Each append re-reads the header under an inter-process lock: nothing another writer added is lost."""
+    import multiprocessing
+
+    store = build_datastore(corpus, tokenizer, tmp_path / "ds")
+    docs = store.header["documents"]
+    a, b = Datastore.open(tmp_path / "ds"), Datastore.open(tmp_path / "ds")
+    b.append(_doc(100))
+    a.append(_doc(200))  # a's header predates b's append
+    reopened = Datastore.open(tmp_path / "ds")
+    assert reopened.header["documents"] == docs + 2
+    assert _found(reopened, 100) and _found(reopened, 200)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_many, args=(str(tmp_path / "ds"), 1000 * (k + 1), 12)) for k in range(2)]
+    for p in procs:
+        p.start()
+    _append_many(str(tmp_path / "ds"), 3000, 12)  # and this process at the same time
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    final = Datastore.open(tmp_path / "ds")
+    assert final.header["documents"] == docs + 2 + 36
+    assert all(_found(final, start + 20 * i) for start in (1000, 2000, 3000) for i in range(12))
+
+
+@pytest.mark.parametrize("header", ["[]", '{"format": "mirrorsd-datastore", "version": 1}'])
+def test_a_header_that_is_not_a_datastore_is_a_clear_error(corpus, tokenizer, tmp_path, header):
+    build_datastore(corpus, tokenizer, tmp_path / "ds")
+    (tmp_path / "ds" / HEADER).write_text(header)
+    with pytest.raises(DatastoreError, match="not a mirrorsd datastore"):
+        Datastore.open(tmp_path / "ds")

@@ -1,0 +1,183 @@
+"""The server under requests a careless or hostile client sends (issue #14): every bad value is a 400 in
+OpenAI's shape on a connection that stays usable, the key is checked before anything else, the queue is
+bounded, a client that leaves mid-reply cancels it, and shutdown cancels what runs."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from drafters_for_tests import PacedDrafter
+from helpers import run, wait_idle
+from mirrorsd import Engine
+from mirrorsd.apps.server import BackgroundServer, ServerLimits, create_app
+from mirrorsd.errors import ConfigError
+from mirrorsd.runtime.drafters import NGramDrafter
+
+KEY = "sk-test"
+MODEL = "tiny"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+@pytest.fixture(scope="module")
+def slow_engine(tokenizer, target_model):
+    # 20 ms per step: a 200-token reply lasts seconds, long enough to leave it or shut down midway.
+    return Engine(target_model, tokenizer, PacedDrafter(NGramDrafter(), 0.02), name=MODEL)
+
+
+@pytest.fixture(scope="module")
+def server(slow_engine):
+    app = create_app(slow_engine, api_key=KEY, limits=ServerLimits(max_tokens=250, max_queue=1))
+    with BackgroundServer(app) as srv:
+        yield srv
+
+
+BAD = [
+    ("/v1/chat/completions", {**CHAT, "seed": -1}),
+    ("/v1/chat/completions", {**CHAT, "seed": 2**70}),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": True}),
+    ("/v1/chat/completions", {**CHAT, "stop": ""}),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": None}]}),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user"}]}),
+    ("/v1/completions", {"model": MODEL, "prompt": [300], "max_tokens": 2}),
+    ("/v1/completions", {"model": MODEL, "prompt": [-1], "max_tokens": 2}),
+    ("/v1/completions", {"model": MODEL, "prompt": [2**70], "max_tokens": 2}),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "seed": -1}),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "seed": -1, "stream": True}),
+]
+
+
+def test_bad_values_are_400s_and_the_connection_stays_usable(server):
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as http:
+        for path, body in BAD:
+            r = http.post(path, json=body)
+            assert r.status_code == 400, (body, r.status_code, r.text)
+            error = r.json()["error"]
+            assert error["message"] and error["type"] == "invalid_request_error" and "Traceback" not in r.text
+        r = http.post("/v1/chat/completions", content=b'{"model": "tiny", "messages": [], "repetition_penalty": '
+                                                      b'Infinity}', headers={"Content-Type": "application/json"})
+        assert r.status_code == 400
+        assert http.post("/v1/chat/completions", json={**CHAT, "temperature": 0}).status_code == 200
+
+
+def test_the_key_is_checked_first_and_covers_the_docs(server, slow_engine):
+    assert httpx.post(server.url + "/v1/chat/completions", content=b"{not json").status_code == 401
+    for path in ("/docs", "/redoc", "/openapi.json", "/v1/models"):
+        r = httpx.get(server.url + path)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", path
+    assert httpx.get(server.url + "/openapi.json", headers=AUTH).status_code == 200
+    with pytest.raises(ConfigError):
+        create_app(slow_engine, api_key="")
+
+
+def test_a_client_leaving_a_non_streamed_reply_cancels_it(server):
+    before = wait_idle(server.url)["finished"].get("cancelled", 0)
+    body = {**CHAT, "max_tokens": 200, "temperature": 0, "messages": [{"role": "user", "content": "def f(x):"}]}
+    with pytest.raises(httpx.ReadTimeout):  # tokens are flowing when the client gives up
+        httpx.post(server.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=1.0)
+    health = wait_idle(server.url, timeout=10)
+    assert health["finished"].get("cancelled", 0) == before + 1
+
+
+def test_beyond_max_queue_requests_get_429_with_retry_after(server):
+    wait_idle(server.url)
+    body = {**CHAT, "max_tokens": 60, "temperature": 0}
+    results: list[httpx.Response] = []
+
+    def post() -> None:
+        results.append(httpx.post(server.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60))
+
+    threads = [threading.Thread(target=post) for _ in range(4)]  # one runs, one waits, the rest are refused
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    for t in threads:
+        t.join()
+    codes = sorted(r.status_code for r in results)
+    assert codes.count(200) >= 2 and 429 in codes, codes
+    refused = next(r for r in results if r.status_code == 429)
+    assert refused.headers["Retry-After"] and refused.json()["error"]["code"] == "queue_full"
+
+
+def test_shutdown_cancels_running_requests_after_the_grace_period(slow_engine):
+    app = create_app(slow_engine, limits=ServerLimits(max_tokens=250))
+    srv = BackgroundServer(app, shutdown_grace_s=0.5).__enter__()
+    body = {**CHAT, "max_tokens": 250, "temperature": 0, "stream": True}
+    got: list[str] = []
+
+    def stream() -> None:
+        try:
+            with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
+                got.extend(r.iter_lines())
+        except httpx.HTTPError:
+            pass
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    while len(got) < 3:
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    srv.__exit__(None, None, None)  # what SIGTERM / Ctrl-C do: uvicorn's should_exit
+    assert not srv.thread.is_alive() and time.monotonic() - t0 < 10
+    reader.join(10)
+    assert "data: [DONE]" not in got  # the 250-token reply (5 s at 20 ms a step) was cut off
+
+
+def test_serve_refuses_an_empty_key_a_bad_port_and_a_busy_port(tiny_folder):
+    import socket
+
+    out = run("serve", "--target", str(tiny_folder), "--api-key", "")
+    assert out.returncode == 2 and "api-key is empty" in out.stderr and "Traceback" not in out.stderr
+    for port in ("-1", "99999"):
+        out = run("serve", "--target", str(tiny_folder), "--port", port)
+        assert out.returncode == 2 and "out of range" in out.stderr, out.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        out = run("serve", "--target", str(tiny_folder), "--port", str(busy.getsockname()[1]))
+    assert out.returncode == 2 and "cannot listen" in out.stderr and "Traceback" not in out.stderr
+    assert "Loading" not in out.stderr  # refused before the model loaded
+
+
+# -- fuzzing: generated request bodies ------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(min_value=-2**80, max_value=2**80) |
+                     st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                 max_size=3), max_leaves=6)
+_message = st.fixed_dictionaries({}, optional={"role": st.sampled_from(["user", "system", "assistant", "tool", 3]),
+                                               "content": st.one_of(st.text(max_size=20), _json)})
+_FIELDS = {"model": st.sampled_from([MODEL, "gpt-4", 5]), "max_tokens": _json | st.integers(-2, 12),
+           "temperature": _json | st.floats(-1, 3), "top_p": _json, "top_k": _json, "seed": _json,
+           "repetition_penalty": _json, "stop": _json | st.text(max_size=3), "stream": st.booleans() | _json,
+           "n": _json, "logprobs": _json, "echo": _json, "stream_options": _json,
+           "messages": st.lists(_message, max_size=3) | _json, "prompt": st.text(max_size=20) | _json |
+           st.lists(st.integers(-5, 400), max_size=5)}
+_body = st.fixed_dictionaries({}, optional=_FIELDS)
+
+
+@pytest.fixture(scope="module")
+def fuzz_target(tokenizer, target_model):
+    engine = Engine(target_model, tokenizer, NGramDrafter(), name=MODEL)
+    with BackgroundServer(create_app(engine, limits=ServerLimits(max_tokens=8))) as srv:
+        with httpx.Client(base_url=srv.url, timeout=60) as http:
+            yield http
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=_body, path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
+def test_generated_bodies_never_get_a_500_or_a_dropped_connection(fuzz_target, body, path):
+    r = fuzz_target.post(path, content=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    assert r.status_code < 500, (body, r.text)
+    if r.status_code >= 400:
+        error = r.json()["error"]
+        assert isinstance(error["message"], str) and error["message"] and error["type"], r.text
