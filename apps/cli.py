@@ -60,6 +60,10 @@ def generate(
                            repetition_penalty=repetition_penalty, seed=seed, num_draft_tokens=num_draft_tokens,
                            stop=tuple(stop or ()), pipeline=pipeline, early_exit_layer=early_exit_layer,
                            branch_width=branch_width)
+    if trace:
+        from mirrorsd.engine import check_writable
+
+        check_writable(trace)  # before loading: a bad path should not cost a model load
     engine = Engine.load(target=target, draft=draft, device=device, dtype=dtype, draft_device=draft_device,
                          progress=True, backend=backend, draft_backend=draft_backend)
     request = prompt if raw else [{"role": "user", "content": prompt}]

@@ -31,6 +31,18 @@ Prompt = str | Sequence[dict] | Sequence[int]
 """A raw string, chat messages ([{"role": ..., "content": ...}], run through the chat template) or token ids."""
 
 
+def check_writable(path: str) -> None:
+    """A file can be written at `path`: its folder exists and takes new files."""
+    import os
+    from pathlib import Path
+
+    folder = Path(path).expanduser().resolve().parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK) or Path(path).is_dir():
+        raise ConfigError(f"cannot write the trace to {path}: {folder} is not a writable folder"
+                          if not Path(path).is_dir() else f"cannot write the trace to {path}: it is a folder",
+                          "pass a file path in an existing, writable folder")
+
+
 CHAT_ROLES = ("system", "user", "assistant")
 
 
@@ -168,6 +180,8 @@ class Engine:
             raise ConfigError(f"config must be a GenerationConfig, got {type(cfg).__name__}", "")
         ids = self.encode(prompt)
         self.pipeline_mode(cfg)  # a bad early_exit_layer is reported now, not mid-stream
+        if trace:
+            check_writable(trace)  # now, not after the whole generation
         return self._run(ids, cfg, trace)
 
     def pipeline_mode(self, cfg: GenerationConfig) -> str:

@@ -124,3 +124,11 @@ def test_model_whose_cache_cannot_roll_back_is_refused(tokenizer):
 def test_all_errors_share_one_base():
     for cls in (ConfigError, PromptError, ModelNotFoundError, TokenizerMismatchError, RollbackUnsupportedError):
         assert issubclass(cls, MirrorsdError)
+
+
+def test_a_trace_path_that_cannot_be_written_fails_before_generating(target_model, tokenizer, tmp_path):
+    (tmp_path / "file").write_text("x")
+    engine = Engine(target_model, tokenizer, None)
+    for bad in (tmp_path / "file" / "trace.json", tmp_path / "missing" / "trace.json", tmp_path):
+        with pytest.raises(ConfigError, match="cannot write the trace"):
+            engine.stream("hi", trace=str(bad))
