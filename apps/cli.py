@@ -10,8 +10,22 @@ import typer
 
 from mirrorsd.errors import MirrorsdError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Lossless speculative decoding on one machine's chips.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib import metadata
+
+        print(f"mirrorsd {metadata.version('mirrorsd')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Lossless speculative decoding on one machine's chips."""
 
 BACKEND_HELP = ("Model backend: auto (onnx for an export folder; llama.cpp for a GGUF model, i.e. catalog models "
                 "and .gguf files, where llama-cpp-python is installed; else torch) | llamacpp | onnx (a "
@@ -20,9 +34,27 @@ Backend = Annotated[str, typer.Option(help=BACKEND_HELP)]
 DraftBackend = Annotated[Optional[str], typer.Option(help="Backend of a draft model (default: --backend).")]
 
 
+def _read_prompt(prompt: str | None, file: str | None) -> str:
+    """The prompt from the argument, stdin ('-') or --file (exactly one of them)."""
+    from mirrorsd.errors import ConfigError
+
+    if (prompt is None) == (file is None):
+        raise ConfigError("give the prompt as an argument, '-' for stdin, or --file F (one of them)",
+                          'e.g. mirrorsd generate "Write a quicksort." or echo hi | mirrorsd generate -')
+    if file is not None:
+        try:
+            return open(file, encoding="utf-8").read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read the prompt file {file}: {exc}", "check the path") from exc
+    return sys.stdin.read() if prompt == "-" else prompt
+
+
 @app.command()
 def generate(
-    prompt: Annotated[str, typer.Argument(help="Prompt text (sent through the chat template unless --raw).")],
+    prompt: Annotated[Optional[str], typer.Argument(help="Prompt text (sent through the chat template unless "
+                                                         "--raw); '-' reads it from stdin.")] = None,
+    file: Annotated[Optional[str], typer.Option("--file", help="Read the prompt from this file.")] = None,
+    system: Annotated[Optional[str], typer.Option(help="A system message before the prompt (chat template).")] = None,
     target: Annotated[str, typer.Option(help="Target model: catalog name, folder, .gguf or hub id.")] = "smollm2-135m",
     draft: Annotated[str, typer.Option(help="auto | ngram | retrieval[:DIR] | chain[:DIR] | none | a draft model "
                                             "(catalog name, folder, .gguf) | an export folder "
@@ -32,6 +64,8 @@ def generate(
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (1.0 = off).")] = 1.0,
     top_k: Annotated[int, typer.Option(help="Keep the k likeliest tokens (0 = off).")] = 0,
     repetition_penalty: Annotated[float, typer.Option(help="> 1 discourages repeats.")] = 1.0,
+    presence_penalty: Annotated[float, typer.Option(help="OpenAI's presence penalty, -2..2.")] = 0.0,
+    frequency_penalty: Annotated[float, typer.Option(help="OpenAI's frequency penalty, -2..2.")] = 0.0,
     seed: Annotated[Optional[int], typer.Option(help="Seed for sampling.")] = None,
     num_draft_tokens: Annotated[int, typer.Option("--k", help="Draft tokens per step (start value if adaptive).")] = 8,
     stop: Annotated[Optional[list[str]], typer.Option(help="Stop string (repeatable).")] = None,
@@ -57,18 +91,22 @@ def generate(
     from mirrorsd.results import FinishEvent
 
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                           repetition_penalty=repetition_penalty, seed=seed, num_draft_tokens=num_draft_tokens,
+                           repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                           frequency_penalty=frequency_penalty, seed=seed, num_draft_tokens=num_draft_tokens,
                            stop=tuple(stop or ()), pipeline=pipeline, early_exit_layer=early_exit_layer,
                            branch_width=branch_width)
     if trace:
         from mirrorsd.engine import check_writable
 
         check_writable(trace)  # before loading: a bad path should not cost a model load
+    prompt = _read_prompt(prompt, file)
+    print(f"mirrorsd: loading {target} ...", file=sys.stderr, flush=True)
     engine = Engine.load(target=target, draft=draft, device=device, dtype=dtype, draft_device=draft_device,
                          progress=True, backend=backend, draft_backend=draft_backend)
-    request = prompt if raw else [{"role": "user", "content": prompt}]
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    request = prompt if raw else messages
     if not raw and getattr(engine.tokenizer, "chat_template", None) is None:
-        request = prompt
+        request = prompt if not system else f"{system}\n\n{prompt}"
     result = None
     for event in engine.stream(request, cfg, trace=trace):
         if isinstance(event, FinishEvent):

@@ -70,7 +70,22 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-# -- request bodies (extra fields that OpenAI clients send and we do not use are accepted) ------------
+# -- request bodies ---------------------------------------------------------------------------------------
+# Applied: model, messages / prompt, max_tokens / max_completion_tokens, temperature, top_p, top_k,
+# repetition_penalty, presence_penalty, frequency_penalty, seed, stop, stream, stream_options.include_usage.
+# Refused with 400 (accepting them would silently change the meaning of the request): REFUSED_FIELDS,
+# n > 1, echo, logprobs. Ignored as harmless (they change no token): user, metadata, store, service_tier,
+# parallel_tool_calls without tools, and any other unknown field.
+
+REFUSED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "response_format", "logit_bias", "logprobs",
+                  "top_logprobs", "prediction", "audio", "suffix")
+
+
+def _refused(extra: dict) -> list[str]:
+    """Fields set to something this server would not apply ({"type": "text"} formats and empty values pass)."""
+    def applied_as_is(name, value) -> bool:
+        return value in (None, [], {}, False, "") or (name == "response_format" and value == {"type": "text"})
+    return [name for name in REFUSED_FIELDS if not applied_as_is(name, extra.get(name))]
 
 class _Request(BaseModel):
     # Integers are strict (true is not 1) and floats finite, so a value is applied as sent or refused.
@@ -82,6 +97,8 @@ class _Request(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(default=None, ge=0)  # llama.cpp / vLLM extension
     repetition_penalty: float | None = Field(default=None, gt=0.0)  # llama.cpp / vLLM extension
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     seed: StrictInt | None = Field(default=None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
     stream: StrictBool = False
@@ -273,6 +290,10 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
                                             "owned_by": "mirrorsd"}]}
 
     def prepare(body: _Request, prompt) -> tuple[list[int], GenerationConfig]:
+        refused = _refused(body.model_extra or {})
+        if refused:
+            raise OpenAIError(400, f"{refused[0]} is not supported by this server (it would be ignored, and the "
+                              "reply would not be what you asked for)", param=refused[0], code="unsupported_parameter")
         if body.model != model_id:
             raise OpenAIError(404, f"The model `{body.model}` does not exist; this server serves `{model_id}`",
                               param="model", code="model_not_found")
@@ -289,7 +310,8 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
                 max_new_tokens=wanted or limits.max_tokens,
                 temperature=1.0 if body.temperature is None else body.temperature,  # OpenAI's default
                 top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
-                repetition_penalty=body.repetition_penalty or 1.0, seed=body.seed, stop=stop)
+                repetition_penalty=body.repetition_penalty or 1.0, presence_penalty=body.presence_penalty or 0.0,
+                frequency_penalty=body.frequency_penalty or 0.0, seed=body.seed, stop=stop)
         except MirrorsdError as exc:
             raise OpenAIError(400, str(exc), code="invalid_value") from exc
         return ids, config

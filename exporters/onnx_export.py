@@ -82,6 +82,17 @@ def quantize_dynamic_int8(src: Path, dst: Path) -> None:
                      op_types_to_quantize=["MatMul", "Gemm"], use_external_data_format=True)
 
 
+def quiet_tools() -> None:
+    """Keep onnxruntime's quantizer (which sets the root logger to INFO on import: thousands of lines per
+    export) and torch.onnx's registration warnings out of the output; MIRRORSD_VERBOSE=1 keeps them."""
+    import logging
+
+    if os.environ.get("MIRRORSD_VERBOSE"):
+        return
+    for name in ("onnxruntime", "torch.onnx", "torch.onnx._internal.exporter._registration"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def quantize_int4(src: Path, dst: Path, block_size: int = 32) -> None:
     """4-bit weight-only MatMulNBits (CPU/GPU providers; NPU providers do not take it). The LM head,
     whose errors land straight on the logits, gets 8-bit MatMulNBits instead: on qwen2.5-coder-0.5b
@@ -89,6 +100,7 @@ def quantize_int4(src: Path, dst: Path, block_size: int = 32) -> None:
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    quiet_tools()
     model = onnx.load(str(src))
     head = [n.name for n in model.graph.node if "logits" in n.output and n.op_type == "MatMul"]
     body = MatMulNBitsQuantizer(model, bits=4, block_size=block_size, is_symmetric=True, accuracy_level=4,
@@ -142,6 +154,7 @@ def remove_graph(path: Path) -> None:
 def export_onnx_graphs(model, out: Path, profile: str, max_context: int, prefill_chunk: int, precision: str,
                        quant: str, calibration_prompts: list[list[int]]) -> dict[str, dict]:
     """Write the graphs of one export into `out`; returns {graph name: {"file", "block"}}."""
+    quiet_tools()
     decoder = ExplicitCacheDecoder(model.float())
     blocks = graph_blocks(profile, prefill_chunk)
     raw = out / "fp32"

@@ -6,8 +6,6 @@
 """
 
 from mirrorsd.config import GenerationConfig, SamplingParams, SpeculativeConfig
-from mirrorsd.contracts import CausalLM, Draft, Drafter, DraftModel, LearningDrafter, Step, Verifier
-from mirrorsd.engine import Engine
 from mirrorsd.errors import (
     CatalogError,
     ChecksumError,
@@ -20,8 +18,26 @@ from mirrorsd.errors import (
     RollbackUnsupportedError,
     TokenizerMismatchError,
 )
-from mirrorsd.results import FinishEvent, GenerationResult, GenerationStats, TokenEvent
-from mirrorsd.verify import verify
+
+# Imported on first use (PEP 562): they pull in torch and transformers, which take seconds to import,
+# and `mirrorsd --help` or an argument error should not wait for that.
+_LAZY = {
+    "Engine": "mirrorsd.engine", "verify": "mirrorsd.rejection",
+    **dict.fromkeys(("CausalLM", "Draft", "Drafter", "DraftModel", "LearningDrafter", "Step", "Verifier"),
+                    "mirrorsd.contracts"),
+    **dict.fromkeys(("FinishEvent", "GenerationResult", "GenerationStats", "TokenEvent"), "mirrorsd.results"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'mirrorsd' has no attribute {name!r}")
+    import importlib
+
+    value = vars(importlib.import_module(_LAZY[name]))[name]
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 __all__ = [

@@ -37,6 +37,13 @@ class SamplingParams:
     """CTRL-style penalty (>1 discourages tokens already in the context), as in transformers. Applies
     to greedy decoding too."""
 
+    presence_penalty: float = 0.0
+    """OpenAI's: subtracted from the logit of every token already generated in this reply (-2..2)."""
+
+    frequency_penalty: float = 0.0
+    """OpenAI's: subtracted once per earlier occurrence in this reply (-2..2). Both count the generated
+    tokens only, as vLLM does, and apply to greedy decoding too."""
+
     seed: int | None = None
     """Seed for the sampling random stream. Same seed, same config, same models: same output."""
 
@@ -57,6 +64,9 @@ class SamplingParams:
             raise ConfigError(
                 f"repetition_penalty must be > 0, got {self.repetition_penalty}", "use 1.0 for no penalty"
             )
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ConfigError(f"{name} must be in [-2, 2], got {getattr(self, name)}", "use 0 for no penalty")
 
     @property
     def greedy(self) -> bool:
@@ -136,6 +146,8 @@ class GenerationConfig:
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
 
     stop: tuple[str, ...] = ()

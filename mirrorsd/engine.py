@@ -31,6 +31,17 @@ Prompt = str | Sequence[dict] | Sequence[int]
 """A raw string, chat messages ([{"role": ..., "content": ...}], run through the chat template) or token ids."""
 
 
+def with_settings(config: GenerationConfig, settings: dict) -> GenerationConfig:
+    """`config` with some fields replaced; an unknown name is a ConfigError naming the known ones."""
+    from dataclasses import fields, replace
+
+    known = [f.name for f in fields(GenerationConfig) if f.init]
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown generation setting(s): {', '.join(unknown)}", f"known: {', '.join(known)}")
+    return replace(config, **settings)
+
+
 def check_writable(path: str) -> None:
     """A file can be written at `path`: its folder exists and takes new files."""
     import os
@@ -161,23 +172,27 @@ class Engine:
             )
         return ids
 
-    def generate(self, prompt: Prompt, config: GenerationConfig | None = None,
-                 trace: str | None = None) -> GenerationResult:
-        """Run one request to completion (trace: see stream)."""
-        for event in self.stream(prompt, config, trace):
+    def generate(self, prompt: Prompt, config: GenerationConfig | None = None, trace: str | None = None,
+                 **settings) -> GenerationResult:
+        """Run one request to completion (trace, settings: see stream)."""
+        for event in self.stream(prompt, config, trace, **settings):
             if isinstance(event, FinishEvent):
                 return event.result
         raise AssertionError("stream ended without a FinishEvent")
 
-    def stream(self, prompt: Prompt, config: GenerationConfig | None = None,
-               trace: str | None = None) -> Iterator[Event]:
+    def stream(self, prompt: Prompt, config: GenerationConfig | None = None, trace: str | None = None,
+               **settings) -> Iterator[Event]:
         """TokenEvents as tokens are committed, then one FinishEvent with the whole result.
         Closing the iterator early cancels the request (the draft worker, if any, is stopped).
-        trace: a file to write the request's draft/verify timeline to, in Chrome's trace format."""
+        trace: a file to write the request's draft/verify timeline to, in Chrome's trace format.
+        settings: GenerationConfig fields as keywords (`max_new_tokens=64, temperature=0.7`), applied over
+        `config` (or the defaults)."""
         self._check_open()
         cfg = config or GenerationConfig()
         if not isinstance(cfg, GenerationConfig):
             raise ConfigError(f"config must be a GenerationConfig, got {type(cfg).__name__}", "")
+        if settings:
+            cfg = with_settings(cfg, settings)
         ids = self.encode(prompt)
         self.pipeline_mode(cfg)  # a bad early_exit_layer is reported now, not mid-stream
         if trace:

@@ -1,6 +1,7 @@
 """Logit processing shared by target-only decoding, drafters and `verify`.
 
-The order is transformers': repetition penalty, then temperature, top-k, top-p. Using one
+The order is transformers': repetition penalty (then OpenAI's presence and frequency penalties), then
+temperature, top-k, top-p. Using one
 implementation everywhere is what makes speculative sampling match target-only sampling.
 """
 
@@ -33,6 +34,27 @@ def apply_repetition_penalty(
     return out
 
 
+def apply_presence_frequency(logits: torch.Tensor, generated: Sequence[int], draft: Sequence[int],
+                             presence: float, frequency: float) -> torch.Tensor:
+    """OpenAI's penalties, as vLLM applies them: row i of logits [n, V] loses frequency * count(t) +
+    presence * (count(t) > 0) for each token t generated so far (the generated tokens, then draft[:i];
+    not the prompt)."""
+    if presence == 0.0 and frequency == 0.0:
+        return logits
+    vocab = logits.shape[-1]
+    counts = torch.zeros(vocab, dtype=logits.dtype, device=logits.device)
+    ids = [int(t) for t in generated if 0 <= int(t) < vocab]
+    if ids:
+        counts.index_add_(0, torch.as_tensor(ids, device=logits.device), torch.ones(len(ids), dtype=logits.dtype,
+                                                                                    device=logits.device))
+    out = logits.clone()
+    for i in range(logits.shape[0]):
+        if i > 0:
+            counts[int(draft[i - 1])] += 1
+        out[i] -= counts * frequency + (counts > 0).to(logits.dtype) * presence
+    return out
+
+
 def warp_logits(logits: torch.Tensor, cfg: SamplingParams) -> torch.Tensor:
     """Temperature, top-k, top-p on already-penalised logits [n, V]; removed tokens get -inf."""
     logits = logits / cfg.temperature
@@ -52,10 +74,13 @@ def warp_logits(logits: torch.Tensor, cfg: SamplingParams) -> torch.Tensor:
 
 
 def next_token_scores(
-    logits: torch.Tensor, cfg: SamplingParams, history: Sequence[int], draft: Sequence[int] = ()
+    logits: torch.Tensor, cfg: SamplingParams, history: Sequence[int], draft: Sequence[int] = (), prompt_len: int = 0
 ) -> torch.Tensor:
-    """Greedy: penalised logits (argmax picks the token). Sampling: probabilities [n, V]."""
+    """Greedy: penalised logits (argmax picks the token). Sampling: probabilities [n, V].
+    history[prompt_len:] are the generated tokens the presence and frequency penalties count."""
     logits = apply_repetition_penalty(logits.float(), history, draft, cfg.repetition_penalty)
+    logits = apply_presence_frequency(logits, history[prompt_len:], draft, cfg.presence_penalty,
+                                      cfg.frequency_penalty)
     if cfg.greedy:
         return logits
     return torch.softmax(warp_logits(logits, cfg), dim=-1)

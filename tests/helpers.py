@@ -26,11 +26,13 @@ def exact_first_two(model, tokenizer, cfg, prompt) -> tuple[np.ndarray, np.ndarr
 
     ids = tokenizer(prompt)["input_ids"]
     with torch.no_grad():
-        p1 = next_token_scores(model(torch.tensor([ids])).logits[0, -1:], cfg.sampling, ids)[0].double().numpy()
+        p1 = next_token_scores(model(torch.tensor([ids])).logits[0, -1:], cfg.sampling, ids,
+                               prompt_len=len(ids))[0].double().numpy()
         vocab = p1.shape[0]
         batch = torch.tensor([ids + [t] for t in range(vocab)])  # [V, L+1]
         last = model(batch).logits[:, -1]  # [V, V]
-        p2_given = torch.cat([next_token_scores(last[t : t + 1], cfg.sampling, ids + [t]) for t in range(vocab)]).double().numpy()
+        p2_given = torch.cat([next_token_scores(last[t : t + 1], cfg.sampling, ids + [t], prompt_len=len(ids))
+                              for t in range(vocab)]).double().numpy()
     return p1, p1 @ p2_given
 
 

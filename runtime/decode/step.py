@@ -21,8 +21,9 @@ from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, Step
 from mirrorsd.runtime.decode.gate import SpeculationGate
 from mirrorsd.runtime.decode.schedule import make_schedule
+from mirrorsd.runtime.decode.threads import leave_signals_to_the_main_thread
 from mirrorsd.runtime.timeline import DRAFT, VERIFY, Timeline
-from mirrorsd.verify import verify
+from mirrorsd.rejection import verify
 
 log = logging.getLogger("mirrorsd")
 
@@ -46,6 +47,7 @@ class StepCore:
         self.timeline = timeline or Timeline()
         self.rng = np.random.default_rng(config.seed)
         self.committed = list(prompt_ids)
+        self.prompt_len = len(self.committed)
         self.max_new_tokens, self.generated = max_new_tokens, 0
         self.schedule = make_schedule(config, overlapped)
         # Timing-based switching would change which random numbers a seeded sampling run draws.
@@ -75,7 +77,8 @@ class StepCore:
                 logits = self.verifier.score(self.committed, draft.tokens)  # [k+1, V]
             else:
                 logits = self.verifier.early_exit.score_with_exit(self.committed, draft.tokens, exit_request)
-            n_accepted, tokens = verify(draft, logits, self.config.sampling, self.rng, history=self.committed)
+            n_accepted, tokens = verify(draft, logits, self.config.sampling, self.rng, history=self.committed,
+                                        prompt_len=self.prompt_len)
             span["accepted"] = n_accepted
         return Outcome(n_accepted, tokens, start, time.perf_counter() - start)
 
@@ -186,6 +189,7 @@ class _Caller:
         self._jobs.put(None)
 
     def _loop(self) -> None:
+        leave_signals_to_the_main_thread()
         while (job := self._jobs.get()) is not None:
             fn, args, answer = job
             try:

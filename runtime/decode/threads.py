@@ -14,6 +14,17 @@ CPU_DRAFT_THREADS = 1
 draft worker, or the intra-op threads of an ONNX Runtime session on the CPU provider)."""
 
 
+def leave_signals_to_the_main_thread() -> None:
+    """Block Ctrl-C / SIGTERM in the calling helper thread. The kernel hands a process-directed signal to
+    any thread that does not block it; one that lands on a helper thread does not wake the main thread,
+    which may then sit out a whole reply before it sees the KeyboardInterrupt."""
+    import signal
+    import sys
+
+    if sys.platform != "win32":  # POSIX; on Windows Ctrl-C reaches the main thread anyway
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def shares_cpu(verifier: CausalLM, drafter: Drafter | None) -> bool:
     """Whether target and draft would both compute on the CPU's cores."""
     return verifier.computes_on == "cpu" and computes_on(drafter) == "cpu"

@@ -22,6 +22,7 @@ from mirrorsd.contracts import Draft, Drafter, DraftModel
 from mirrorsd.runtime.decode.branches import Branch, Hint, plan_branches
 from mirrorsd.runtime.decode.estimates import Ema
 from mirrorsd.runtime.decode.step import check_draft
+from mirrorsd.runtime.decode.threads import leave_signals_to_the_main_thread
 from mirrorsd.runtime.timeline import DRAFT, Timeline
 
 # -- messages: verify worker -> draft worker (the draft queue) -------------------------------------
@@ -140,6 +141,7 @@ class DraftWorker:
             self.thread.join(wait)
 
     def _run(self) -> None:
+        leave_signals_to_the_main_thread()
         try:
             if self.threads and isinstance(self.drafter, DraftModel) and self.drafter.lm.threads is not None:
                 self.drafter.lm.threads.set_threads(self.threads)  # this thread's; the verifier keeps its own

@@ -91,3 +91,39 @@ def test_generate_with_a_draft_model_through_the_pipeline_with_a_trace(tiny_fold
         assert got["token_ids"] == plain["token_ids"]
         assert got["stats"]["pipeline"] == mode and "hidden_draft_share" in got["stats"]
         assert {e.get("cat") for e in json.loads(trace.read_text())["traceEvents"]} >= {"draft", "verify"}
+
+
+def test_help_and_version_do_not_import_the_heavy_libraries():
+    import subprocess
+    import sys
+
+    code = "import sys, mirrorsd.apps.cli; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.startswith("mirrorsd ")
+    assert run("-h").returncode == 0 and "generate" in run("-h").stdout
+
+
+def test_prompt_from_stdin_a_file_and_a_system_message(tiny_folder, tmp_path):
+    import os
+    import subprocess
+
+    from helpers import CLI
+
+    base = ["generate", "--target", str(tiny_folder), "--max-new-tokens", "6", "--draft", "none", "--json"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+    def text(*args, stdin=None):
+        out = subprocess.run([*CLI, *base, *args], input=stdin, capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 0, out.stderr
+        assert "mirrorsd: loading" in out.stderr  # said at once, before the model loads
+        return json.loads(out.stdout)["text"]
+
+    direct = text("def quicksort(arr):")
+    (tmp_path / "p.txt").write_text("def quicksort(arr):")
+    assert text("-", stdin="def quicksort(arr):") == direct
+    assert text("--file", str(tmp_path / "p.txt")) == direct
+    assert isinstance(text("def quicksort(arr):", "--system", "Answer in French."), str)
+    neither = run("generate", "--target", str(tiny_folder))
+    assert neither.returncode == 2 and "stdin" in neither.stderr

@@ -181,3 +181,25 @@ def test_generated_bodies_never_get_a_500_or_a_dropped_connection(fuzz_target, b
     if r.status_code >= 400:
         error = r.json()["error"]
         assert isinstance(error["message"], str) and error["message"] and error["type"], r.text
+
+
+@pytest.mark.parametrize("extra", [{"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+                                   {"tool_choice": "auto"}, {"response_format": {"type": "json_object"}},
+                                   {"logprobs": True, "top_logprobs": 2}, {"logit_bias": {"5": 10}}])
+def test_fields_that_would_be_ignored_are_refused(server, extra):
+    r = httpx.post(server.url + "/v1/chat/completions", json={**CHAT, **extra}, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter", r.text
+    assert r.json()["error"]["param"] == next(iter(extra))
+
+
+def test_presence_and_frequency_penalties_are_applied(server, slow_engine):
+    from mirrorsd import GenerationConfig
+
+    body = {**CHAT, "max_tokens": 12, "temperature": 0, "frequency_penalty": 2.0, "presence_penalty": 1.0,
+            "messages": [{"role": "user", "content": "def f(x):"}]}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60)
+    want = slow_engine.generate(body["messages"], GenerationConfig(max_new_tokens=12, frequency_penalty=2.0,
+                                                                    presence_penalty=1.0))
+    plain = slow_engine.generate(body["messages"], GenerationConfig(max_new_tokens=12))
+    assert r.json()["choices"][0]["message"]["content"] == want.text
+    assert want.token_ids != plain.token_ids  # the penalties changed the reply

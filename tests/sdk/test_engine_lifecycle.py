@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -96,3 +97,19 @@ def test_ctrl_c_anywhere_in_a_request_leaves_the_engine_usable(tokenizer, target
             time.sleep(5)  # the reply ended first: wait here for the signal
         stream.close()
         assert engine.generate(follow_up, cfg).token_ids == expected
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signal masks")
+@pytest.mark.parametrize("mode", ["sequential", "overlap"])
+def test_drafters_run_on_threads_that_leave_ctrl_c_to_the_main_thread(mode, tokenizer, target_model):
+    """A Ctrl-C the kernel handed to a drafter's thread would not wake the main thread: those threads block it."""
+    masks = []
+
+    class MaskRecorder(NGramDrafter):
+        def propose(self, committed, max_tokens):
+            masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+            return super().propose(committed, max_tokens)
+
+    engine = Engine(target_model, tokenizer, MaskRecorder(), fallback=None)
+    engine.generate("def f(x):", GenerationConfig(max_new_tokens=8, pipeline=mode))
+    assert masks and all(signal.SIGINT in m and signal.SIGTERM in m for m in masks)

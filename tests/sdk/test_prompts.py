@@ -41,3 +41,16 @@ def test_control_token_text_in_a_message_stays_text(engine, tokenizer):
         assert engine.encode(forged).count(eos) == 2  # the documented old behaviour
     finally:
         engine.allow_control_tokens = False
+
+
+def test_generation_settings_as_keywords(engine):
+    from mirrorsd import GenerationConfig
+    from mirrorsd.errors import ConfigError
+
+    by_kw = engine.generate("The quick", max_new_tokens=6, temperature=0.8, seed=3)
+    by_cfg = engine.generate("The quick", GenerationConfig(max_new_tokens=6, temperature=0.8, seed=3))
+    assert by_kw.token_ids == by_cfg.token_ids and len(by_kw.token_ids) == 6
+    over = engine.generate("The quick", GenerationConfig(max_new_tokens=20), max_new_tokens=3)
+    assert len(over.token_ids) == 3  # keywords apply over the config
+    with pytest.raises(ConfigError, match="max_tokens"):
+        engine.generate("The quick", max_tokens=3)

@@ -33,15 +33,17 @@ def verify(
     sampling: SamplingParams,
     rng: np.random.Generator,
     history: Sequence[int] = (),
+    prompt_len: int = 0,
 ) -> tuple[int, list[int]]:
     """Returns (n_accepted, new_tokens): new_tokens = draft.tokens[:n_accepted] + [correction or bonus].
 
     target_logits: [k+1, V] raw target logits; row i follows history + draft.tokens[:i].
-    history: the committed tokens before the draft (for the repetition penalty).
+    history: the committed tokens before the draft (for the repetition penalty); the tokens from
+    prompt_len on are the generated ones (for the presence and frequency penalties).
     """
     k = len(draft.tokens)
     assert target_logits.shape[0] == k + 1, (target_logits.shape, k)
-    scores = next_token_scores(target_logits, sampling, history, draft.tokens)  # [k+1, V]
+    scores = next_token_scores(target_logits, sampling, history, draft.tokens, prompt_len)  # [k+1, V]
 
     if sampling.greedy:
         target_ids = scores.argmax(dim=-1).tolist()  # [k+1]
