@@ -203,3 +203,28 @@ def test_presence_and_frequency_penalties_are_applied(server, slow_engine):
     plain = slow_engine.generate(body["messages"], GenerationConfig(max_new_tokens=12))
     assert r.json()["choices"][0]["message"]["content"] == want.text
     assert want.token_ids != plain.token_ids  # the penalties changed the reply
+
+
+def test_prompts_are_tokenised_off_the_event_loop(tokenizer, target_model):
+    """While one request's prompt is being tokenised (held here on an event), /health still answers."""
+    engine = Engine(target_model, tokenizer, NGramDrafter(), name=MODEL)
+    release = threading.Event()
+    encode = engine.encode
+
+    def slow_encode(prompt):
+        release.wait(20)
+        return encode(prompt)
+
+    engine.encode = slow_encode
+    with BackgroundServer(create_app(engine)) as srv:
+        pending = threading.Thread(target=lambda: httpx.post(srv.url + "/v1/chat/completions", json=CHAT, timeout=30))
+        pending.start()
+        time.sleep(0.3)  # the request is inside encode now
+        assert httpx.get(srv.url + "/health", timeout=5).status_code == 200  # a blocked loop would time out
+        release.set()
+        pending.join(30)
+
+
+def test_serve_refuses_a_zero_max_tokens_limit(tiny_folder):
+    out = run("serve", "--target", str(tiny_folder), "--max-tokens-limit", "0")
+    assert out.returncode == 2 and "--max-tokens-limit" in out.stderr and "Traceback" not in out.stderr
