@@ -76,6 +76,17 @@ def tiny_folder(tmp_path_factory, tokenizer):
     return folder
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt here, as in a terminal, also where the test run was started
+    as a background job of a non-interactive shell (`cmd &`), which starts it with SIGINT ignored."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _no_hub():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -50,7 +50,7 @@ def test_commands_history_and_highlighting(tokenizer, target_model):
         assert DRAFT_STYLE in text
 
 
-def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(tokenizer, target_model):
+def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(tokenizer, target_model, ctrl_c_raises):
     engine = Engine(target_model, tokenizer, PacedDrafter(NGramDrafter(), 0.01), name="tiny")
     session = ChatSession(engine, ChatSettings(temperature=0.0, max_new_tokens=200))
     started = threading.Event()

@@ -56,7 +56,10 @@ def test_greedy_output_equals_target_only_and_transformers(kind, adaptive, targe
             # (mean accepted length with a fixed K only: the adaptive K follows measured costs)
             # (the chain also tries n-gram drafts, which miss more often here, until it has learned)
             assert s.acceptance_rate > (0.8 if kind == "retrieval" else 0.6)
-            assert adaptive or s.mean_accepted_length > 3
+            # Per drafted step: the timing-based gate may pause drafting for a few plain steps on a tiny
+            # model (it did under a loaded CI machine); what a drafted step commits does not depend on that.
+            plain = s.drafters.get("none", 0)
+            assert adaptive or (s.generated_tokens - plain) / (s.verify_steps - plain) > 3
 
 
 def test_rollback_then_regenerate_reuses_the_cache_correctly(target_model, tokenizer):

@@ -73,7 +73,7 @@ def test_threads_are_served_one_at_a_time_with_the_same_results(tokenizer, targe
     assert got == alone and drafter.most == 1
 
 
-def test_ctrl_c_anywhere_in_a_request_leaves_the_engine_usable(tokenizer, target_model):
+def test_ctrl_c_anywhere_in_a_request_leaves_the_engine_usable(tokenizer, target_model, ctrl_c_raises):
     """A real SIGINT lands wherever the main thread is (mid-forward, mid cache crop, in a drafter):
     the next request must still be exactly right (KV caches are reset, never left half-updated)."""
     engine = Engine(target_model, tokenizer, PacedDrafter(NGramDrafter(), 0.01))
