@@ -42,8 +42,10 @@ def _read_prompt(prompt: str | None, file: str | None) -> str:
         raise ConfigError("give the prompt as an argument, '-' for stdin, or --file F (one of them)",
                           'e.g. mirrorsd generate "Write a quicksort." or echo hi | mirrorsd generate -')
     if file is not None:
+        from pathlib import Path
+
         try:
-            return open(file, encoding="utf-8").read()
+            return Path(file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read the prompt file {file}: {exc}", "check the path") from exc
     return sys.stdin.read() if prompt == "-" else prompt

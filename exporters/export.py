@@ -151,9 +151,8 @@ def _source(spec: str | None) -> dict:
 
     if spec is None or not is_gguf(spec):
         return {"model": spec or "in-memory model", "weights": "float"}
-    from mirrorsd.models import resolve_gguf
-
-    return {"model": spec, "weights": "GGUF, dequantized to float32", "gguf": Path(resolve_gguf(spec)[0]).name}
+    gguf = Path(spec).name if spec.endswith(".gguf") else f"{spec}.gguf"  # the catalog keeps <name>.gguf
+    return {"model": spec, "weights": "GGUF, dequantized to float32", "gguf": gguf}
 
 
 def _quant_form(fmt: str, profile: str, quant: str, from_gguf: bool = False) -> str:

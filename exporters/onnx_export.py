@@ -100,7 +100,6 @@ def quantize_int4(src: Path, dst: Path, block_size: int = 32) -> None:
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    quiet_tools()
     model = onnx.load(str(src))
     head = [n.name for n in model.graph.node if "logits" in n.output and n.op_type == "MatMul"]
     body = MatMulNBitsQuantizer(model, bits=4, block_size=block_size, is_symmetric=True, accuracy_level=4,

@@ -43,15 +43,14 @@ def with_settings(config: GenerationConfig, settings: dict) -> GenerationConfig:
 
 
 def check_writable(path: str) -> None:
-    """A file can be written at `path`: its folder exists and takes new files."""
+    """A file can be written at `path`: it is not a folder, and its folder exists and takes new files."""
     import os
     from pathlib import Path
 
-    folder = Path(path).expanduser().resolve().parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK) or Path(path).is_dir():
-        raise ConfigError(f"cannot write the trace to {path}: {folder} is not a writable folder"
-                          if not Path(path).is_dir() else f"cannot write the trace to {path}: it is a folder",
-                          "pass a file path in an existing, writable folder")
+    target = Path(path).expanduser().resolve()
+    if target.is_dir() or not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
+        raise ConfigError(f"cannot write the trace to {path}: it is a folder, or {target.parent} is not a "
+                          "writable folder", "pass a file path in an existing, writable folder")
 
 
 CHAT_ROLES = ("system", "user", "assistant")
