@@ -147,7 +147,7 @@ def _timings(cells, prompts) -> dict:
 
 def _gen_config(p: BenchPrompt, opts: BenchOptions) -> GenerationConfig:
     return GenerationConfig(max_new_tokens=opts.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
-                            num_draft_tokens=opts.k)
+                            num_draft_tokens=opts.k, json_schema=p.json_schema)
 
 
 def _judge(cell: Cell, tokens: list[int], reference: list[int], ids: list[int], config: BenchConfig,

@@ -33,6 +33,7 @@ from mirrorsd import Engine, GenerationConfig
 from mirrorsd.results import FinishEvent, GenerationStats, Span
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.runtime.drafters import ChainDrafter, ModelDrafter, NGramDrafter, RetrievalDrafter
+from mirrorsd.structured import GrammarLogitsProcessor
 
 
 @dataclass
@@ -249,6 +250,8 @@ def transformers_generate(ctx: BenchContext, **kw) -> Runner:
         sampling = dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p) if cfg.temperature > 0 else \
             dict(do_sample=False)
         clock = clock_cls()
+        if cfg.structured:  # the same grammar, through transformers' logits-processor hook
+            sampling["logits_processor"] = [GrammarLogitsProcessor(ctx.engine.constraint(cfg), len(ids))]
         with torch.inference_mode():
             y = ctx.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=cfg.max_new_tokens,
                                    pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
@@ -318,6 +321,10 @@ def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner
         out, start = Output([]), time.perf_counter()
         sampling = dict(temp=cfg.temperature, top_p=cfg.top_p, top_k=0, min_p=0.0) if cfg.temperature > 0 else \
             dict(temp=0.0)
+        if cfg.json_schema is not None:  # llama.cpp's own grammar engine (GBNF from the schema)
+            from llama_cpp import LlamaGrammar
+
+            sampling["grammar"] = LlamaGrammar.from_json_schema(cfg.json_schema, verbose=False)
         for token in llm.generate(ids, reset=True, repeat_penalty=1.0, **sampling):
             out.tokens.append(int(token))
             out.token_times.append(time.perf_counter() - start)

@@ -34,6 +34,17 @@ Backend = Annotated[str, typer.Option(help=BACKEND_HELP)]
 DraftBackend = Annotated[Optional[str], typer.Option(help="Backend of a draft model (default: --backend).")]
 
 
+def _read_file(path: str, what: str) -> str:
+    from pathlib import Path
+
+    from mirrorsd.errors import ConfigError
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the {what} file {path}: {exc}", "check the path") from exc
+
+
 def _read_prompt(prompt: str | None, file: str | None) -> str:
     """The prompt from the argument, stdin ('-') or --file (exactly one of them)."""
     from mirrorsd.errors import ConfigError
@@ -42,12 +53,7 @@ def _read_prompt(prompt: str | None, file: str | None) -> str:
         raise ConfigError("give the prompt as an argument, '-' for stdin, or --file F (one of them)",
                           'e.g. mirrorsd generate "Write a quicksort." or echo hi | mirrorsd generate -')
     if file is not None:
-        from pathlib import Path
-
-        try:
-            return Path(file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read the prompt file {file}: {exc}", "check the path") from exc
+        return _read_file(file, "prompt")
     return sys.stdin.read() if prompt == "-" else prompt
 
 
@@ -86,9 +92,17 @@ def generate(
     branch_width: Annotated[int, typer.Option(help="kappa: early-exit candidates per position.")] = 3,
     trace: Annotated[Optional[str], typer.Option(help="Write the request's draft/verify timeline to this "
                                                       "file (Chrome trace JSON: open in Perfetto or chrome://tracing).")] = None,
+    json_schema: Annotated[Optional[str], typer.Option(help="Structured output: the reply is JSON valid against the "
+                                                            "JSON schema in this file.")] = None,
+    regex: Annotated[Optional[str], typer.Option(help="Structured output: the reply matches this regex.")] = None,
+    grammar: Annotated[Optional[str], typer.Option(help="Structured output: the reply follows the Lark grammar in "
+                                                        "this file (llguidance's dialect).")] = None,
+    logprobs: Annotated[Optional[int], typer.Option(help="With --json: the target's log-probability of each token "
+                                                         "and of N alternatives.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
 ) -> None:
-    """Generate text. Output is exactly what the target alone would produce."""
+    """Generate text. Output is exactly what the target alone would produce (under --json-schema / --regex /
+    --grammar: exactly what the target alone produces under that constraint)."""
     from mirrorsd import Engine, GenerationConfig
     from mirrorsd.results import FinishEvent
 
@@ -96,7 +110,9 @@ def generate(
                            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                            frequency_penalty=frequency_penalty, seed=seed, num_draft_tokens=num_draft_tokens,
                            stop=tuple(stop or ()), pipeline=pipeline, early_exit_layer=early_exit_layer,
-                           branch_width=branch_width)
+                           branch_width=branch_width, regex=regex, logprobs=logprobs,
+                           json_schema=_read_file(json_schema, "JSON schema") if json_schema else None,
+                           grammar=_read_file(grammar, "grammar") if grammar else None)
     if trace:
         from mirrorsd.engine import check_writable
 

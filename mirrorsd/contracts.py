@@ -61,6 +61,17 @@ class Step:
     branch: Literal["hit", "miss"] | None = None
     """Pipeline with early-exit branches: whether a step that left the lookahead landed on a prepared
     branch; None when no branch was prepared or the step stayed on the lookahead."""
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """One per committed token, when the request asks for log-probabilities."""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of one committed token, and its likeliest alternatives."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+    """(token id, log-probability) of the most likely tokens at that position, likeliest first."""
 
 
 # -- model backends --------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 
 from mirrorsd.chat_tokens import chat_ids
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import CausalLM, Drafter, DraftModel, LearningDrafter
+from mirrorsd.contracts import CausalLM, Drafter, DraftModel, LearningDrafter, TokenLogprob
 from mirrorsd.errors import ConfigError, EngineClosedError, PromptError
 from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
 from mirrorsd.runtime.backends import eos_ids as eos_ids_of
@@ -24,6 +24,7 @@ from mirrorsd.runtime.decode.sequential import speculative_decode
 from mirrorsd.runtime.decode.threads import cpu_draft_threads, overlap_threads, shares_cpu
 from mirrorsd.runtime.drafters.factory import fallback_for, make_drafter
 from mirrorsd.runtime.timeline import Timeline
+from mirrorsd.structured import GrammarConstraint, Grammars, grammar_text
 
 log = logging.getLogger("mirrorsd")
 
@@ -96,6 +97,7 @@ class Engine:
         self.fallback = fallback
         self.name = name
         self.eos_ids = default_eos if eos_ids is None else frozenset(eos_ids)
+        self.grammars = Grammars(tokenizer, self.verifier.vocab_size, self.eos_ids)
         self._lock = threading.Lock()
         self.closed = False
 
@@ -133,6 +135,7 @@ class Engine:
         other = Engine(self.verifier, self.tokenizer, drafter, name=self.name,
                        fallback=fallback_for(drafter) if fallback == "auto" else fallback, eos_ids=self.eos_ids)
         other._lock = self._lock  # one request at a time on the shared target
+        other.grammars = self.grammars
         return other
 
     # -- requests ---------------------------------------------------------------------------------
@@ -196,7 +199,12 @@ class Engine:
         self.pipeline_mode(cfg)  # a bad early_exit_layer is reported now, not mid-stream
         if trace:
             check_writable(trace)  # now, not after the whole generation
-        return self._run(ids, cfg, trace)
+        return self._run(ids, cfg, trace, self.constraint(cfg))
+
+    def constraint(self, cfg: GenerationConfig) -> GrammarConstraint | None:
+        """A fresh grammar state for a structured-output request (ConfigError for a bad grammar); None without."""
+        grammar = grammar_text(cfg.json_schema, cfg.regex, cfg.grammar)
+        return None if grammar is None else self.grammars.constraint(grammar)
 
     def pipeline_mode(self, cfg: GenerationConfig) -> str:
         """The mode `cfg.pipeline` resolves to with this drafter and target (see GenerationConfig)."""
@@ -216,14 +224,17 @@ class Engine:
                 f"pick a layer from 1 to {early_exit.num_layers - 1}, or None for half the depth")
         return mode
 
-    def _steps(self, ids: list[int], cfg: GenerationConfig, budget: int, timeline: Timeline, mode: str):
+    def _steps(self, ids: list[int], cfg: GenerationConfig, budget: int, timeline: Timeline, mode: str,
+               constraint: GrammarConstraint | None):
         if mode == "sequential":
-            return speculative_decode(self.verifier, self.drafter, ids, cfg, budget, timeline, self.fallback)
+            return speculative_decode(self.verifier, self.drafter, ids, cfg, budget, timeline, self.fallback,
+                                      constraint)
         return pipelined_decode(self.verifier, self.drafter, ids, cfg, budget, branches=mode == "branches",
                                 fallback=self.fallback, timeline=timeline,
-                                threads=overlap_threads(self.verifier, self.drafter))
+                                threads=overlap_threads(self.verifier, self.drafter), constraint=constraint)
 
-    def _run(self, ids: list[int], cfg: GenerationConfig, trace: str | None) -> Iterator[Event]:
+    def _run(self, ids: list[int], cfg: GenerationConfig, trace: str | None,
+             constraint: GrammarConstraint | None) -> Iterator[Event]:
         with self._lock:
             self._check_open()
             start = time.perf_counter()
@@ -234,8 +245,9 @@ class Engine:
             text = _TextAssembler(self.tokenizer, cfg.stop)
             tokens: list[int] = []
             from_draft: list[bool] = []
+            logprobs: list[TokenLogprob] | None = None if cfg.logprobs is None else []
             finish = "length"
-            steps = self._steps(ids, cfg, budget, timeline, mode)
+            steps = self._steps(ids, cfg, budget, timeline, mode, constraint)
             try:
                 for index, step in enumerate(steps):
                     kept = step.tokens
@@ -248,8 +260,11 @@ class Engine:
                     for j, tok in enumerate(kept):
                         tokens.append(tok)
                         from_draft.append(j < step.n_accepted)
+                        logprob = None if step.logprobs is None else step.logprobs[j]
+                        if logprobs is not None:
+                            logprobs.append(logprob)
                         delta, stopped = text.push(tok)
-                        yield TokenEvent(tok, delta, j < step.n_accepted, index, stats)
+                        yield TokenEvent(tok, delta, j < step.n_accepted, index, stats, logprob)
                         if stopped:
                             finish = "stop"
                             break
@@ -270,7 +285,7 @@ class Engine:
                 timeline.write_chrome_trace(trace)
             tail = text.flush()
             result = GenerationResult(text.text, tokens, finish, recorder.snapshot(time.perf_counter() - start),
-                                      from_draft, timeline.to_spans())
+                                      from_draft, timeline.to_spans(), logprobs)
             yield FinishEvent(result, tail)
 
     # -- lifecycle --------------------------------------------------------------------------------

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mirrorsd.contracts import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,7 @@ class TokenEvent:
     from_draft: bool  # True if a drafter proposed it and the target accepted it
     step: int  # index of the verify step that committed it
     stats: GenerationStats  # running statistics after that step
+    logprob: TokenLogprob | None = None  # the target's, when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -182,10 +187,14 @@ class GenerationResult:
     stats: GenerationStats
     from_draft: list[bool] = field(default_factory=list)  # per token in token_ids
     spans: tuple[Span, ...] = ()  # the draft and verify work of the request, in order of completion per lane
+    logprobs: list[TokenLogprob] | None = None  # per token in token_ids, when the request asked for them
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
-                "stats": self.stats.to_dict()}
+        out = {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+               "stats": self.stats.to_dict()}
+        if self.logprobs is not None:
+            out["logprobs"] = [{"logprob": e.logprob, "top": [list(pair) for pair in e.top]} for e in self.logprobs]
+        return out
 
 
 @dataclass(frozen=True)

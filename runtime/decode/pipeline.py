@@ -40,6 +40,7 @@ from mirrorsd.runtime.decode.step import DraftSource, Outcome, StepCore, drop_me
 from mirrorsd.runtime.decode.threads import CoreSharing
 from mirrorsd.runtime.decode.worker import Advance, DraftWorker, Rebase
 from mirrorsd.runtime.timeline import Timeline
+from mirrorsd.structured import GrammarConstraint
 
 log = logging.getLogger("mirrorsd")
 
@@ -60,18 +61,22 @@ def pipelined_decode(
     fallback: Drafter | None = None,
     timeline: Timeline | None = None,
     threads: tuple[int, int] | None = None,
+    constraint: GrammarConstraint | None = None,
 ) -> Iterator[Step]:
     """Like speculative_decode (same Steps, same output), with drafting on a second worker.
 
     branches: use Mirror-SD early-exit branches when the target declares early exit.
     fallback: a cheap drafter run inline per step where it pays, and for good once the pipelined one
-    is dropped (e.g. n-gram). threads: (verify, draft) CPU threads when both share the CPU."""
-    core = StepCore(verifier, prompt_ids, config, max_new_tokens, timeline, overlapped=True)
+    is dropped (e.g. n-gram). threads: (verify, draft) CPU threads when both share the CPU.
+    constraint: the request's grammar (structured output), if any."""
+    core = StepCore(verifier, prompt_ids, config, max_new_tokens, timeline, overlapped=True, constraint=constraint)
     pipe = _Pipeline(core, drafter, fallback, branches, threads)
     try:
         while not core.done:
             start = time.perf_counter()
-            draft, quick = pipe.pick_draft(core.budget())
+            budget = core.budget()
+            draft, quick = pipe.pick_draft(budget)
+            draft = core.constrain(draft, budget)
             exit_request = pipe.early_exit(draft, quick)
             outcome = core.verify(draft, exit_request)
             core.commit(outcome)

@@ -16,6 +16,7 @@ from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import CausalLM, Drafter, Step
 from mirrorsd.runtime.decode.step import DraftSource, StepCore, make_step
 from mirrorsd.runtime.timeline import Timeline
+from mirrorsd.structured import GrammarConstraint
 
 
 def speculative_decode(
@@ -26,15 +27,19 @@ def speculative_decode(
     max_new_tokens: int,
     timeline: Timeline | None = None,
     fallback: Drafter | None = None,
+    constraint: GrammarConstraint | None = None,
 ) -> Iterator[Step]:
     """Yield Steps until max_new_tokens are committed (the caller stops early on EOS/stop strings).
-    A drafter that fails is dropped for the request; `fallback` (if any) drafts from then on."""
-    core = StepCore(verifier, prompt_ids, config, max_new_tokens, timeline)
+    A drafter that fails is dropped for the request; `fallback` (if any) drafts from then on.
+    constraint: the request's grammar (structured output): drafts stop at a forbidden token and the target's
+    distribution is the grammar-masked one."""
+    core = StepCore(verifier, prompt_ids, config, max_new_tokens, timeline, constraint=constraint)
     source = DraftSource(drafter, fallback, config, verifier.vocab_size, core.timeline)
     try:
         while not core.done:
             start = time.perf_counter()
-            draft = source.propose(core.committed, core.budget() if source.active else 0)
+            budget = core.budget() if source.active else 0
+            draft = core.constrain(source.propose(core.committed, budget), budget)
             outcome = core.verify(draft)
             core.commit(outcome)
             source.accepted(core.committed, outcome.n_accepted)

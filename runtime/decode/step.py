@@ -16,14 +16,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, Step
+from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, Step, TokenLogprob
 from mirrorsd.runtime.decode.gate import SpeculationGate
 from mirrorsd.runtime.decode.schedule import make_schedule
 from mirrorsd.runtime.decode.threads import leave_signals_to_the_main_thread
 from mirrorsd.runtime.timeline import DRAFT, VERIFY, Timeline
 from mirrorsd.rejection import verify
+from mirrorsd.structured import GrammarConstraint, apply_masks
 
 log = logging.getLogger("mirrorsd")
 
@@ -36,14 +38,16 @@ class Outcome:
     tokens: list[int]  # accepted draft tokens + the correction or bonus token
     start: float  # perf_counter() when the pass began
     seconds: float  # score() + verify()
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token, when the request asks for them
 
 
 class StepCore:
     """The request's committed history and the estimators every loop shares."""
 
     def __init__(self, verifier: CausalLM, prompt_ids: Sequence[int], config: GenerationConfig,
-                 max_new_tokens: int, timeline: Timeline | None = None, overlapped: bool = False) -> None:
-        self.verifier, self.config = verifier, config
+                 max_new_tokens: int, timeline: Timeline | None = None, overlapped: bool = False,
+                 constraint: GrammarConstraint | None = None) -> None:
+        self.verifier, self.config, self.constraint = verifier, config, constraint
         self.timeline = timeline or Timeline()
         self.rng = np.random.default_rng(config.seed)
         self.committed = list(prompt_ids)
@@ -69,22 +73,40 @@ class StepCore:
                    self.verifier.max_context - len(self.committed) - 1)
         return room if room > 0 and self.gate.should_draft() else 0
 
+    def constrain(self, draft: Draft, budget: int) -> Draft:
+        """Under a grammar (structured output): the draft up to its first token the grammar forbids, or the
+        tokens the grammar forces next where those are more. Unchanged without a grammar."""
+        if self.constraint is None:
+            return draft
+        tokens = self.constraint.clip(draft.tokens) if draft.tokens else []
+        forced = self.constraint.forced(budget)
+        if len(forced) > len(tokens):
+            return Draft(forced, None, "grammar")
+        probs = None if draft.probs is None else draft.probs[: len(tokens)]
+        return draft if len(tokens) == len(draft.tokens) else Draft(tokens, probs, draft.source)
+
     def verify(self, draft: Draft, exit_request: ExitRequest | None = None) -> Outcome:
-        """Score the draft in one target pass (publishing early-exit hints if asked) and verify it."""
+        """Score the draft in one target pass (publishing early-exit hints if asked) and verify it against the
+        target's distribution, masked by the request's grammar if it has one."""
         with self.timeline.span(VERIFY, "verify", k=len(draft.tokens)) as span:
             start = time.perf_counter()
             if exit_request is None:
                 logits = self.verifier.score(self.committed, draft.tokens)  # [k+1, V]
             else:
                 logits = self.verifier.early_exit.score_with_exit(self.committed, draft.tokens, exit_request)
-            n_accepted, tokens = verify(draft, logits, self.config.sampling, self.rng, history=self.committed,
+            allowed = logits if self.constraint is None else apply_masks(logits, self.constraint.masks(draft.tokens))
+            n_accepted, tokens = verify(draft, allowed, self.config.sampling, self.rng, history=self.committed,
                                         prompt_len=self.prompt_len)
             span["accepted"] = n_accepted
-        return Outcome(n_accepted, tokens, start, time.perf_counter() - start)
+        top = self.config.logprobs
+        return Outcome(n_accepted, tokens, start, time.perf_counter() - start,
+                       None if top is None else token_logprobs(logits, tokens, top))
 
     def commit(self, outcome: Outcome) -> None:
         self.committed.extend(outcome.tokens)
         self.generated += len(outcome.tokens)
+        if self.constraint is not None:
+            self.constraint.advance(outcome.tokens)
 
     def learn(self, n_drafted: int, draft_seconds: float, outcome: Outcome, step_seconds: float,
               schedule: bool = True) -> None:
@@ -201,7 +223,21 @@ class _Caller:
 def make_step(draft: Draft, outcome: Outcome, draft_seconds: float, fault: str | None,
               branch: str | None = None) -> Step:
     return Step(outcome.tokens, len(draft.tokens), outcome.n_accepted, draft.source if draft.tokens else "none",
-                draft_seconds, outcome.seconds, fault, branch)
+                draft_seconds, outcome.seconds, fault, branch, outcome.logprobs)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> tuple[TokenLogprob, ...]:
+    """The target's log-probabilities of the committed tokens and of the `top` likeliest alternatives at each
+    position. Row i of logits [k+1, V] is the distribution tokens[i] was chosen from; these are the raw model's
+    (before penalties, temperature and grammar masks), as vLLM reports them by default."""
+    logp = torch.log_softmax(logits[: len(tokens)].float(), dim=-1)  # [n, V]
+    chosen = logp.gather(1, torch.as_tensor(tokens, device=logp.device).unsqueeze(1)).squeeze(1).tolist()
+    if top > 0:
+        values, ids = torch.topk(logp, top, dim=-1)
+        alternatives = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    else:
+        alternatives = [()] * len(tokens)
+    return tuple(TokenLogprob(lp, alt) for lp, alt in zip(chosen, alternatives))
 
 
 def drop_message(drafter: Drafter, exc: Exception) -> str:

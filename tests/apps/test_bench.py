@@ -92,7 +92,8 @@ def test_report_files_are_well_formed(bench_report):
     onnx = [r for r in on_disk["rows"] if r["reference"] == ONNX_TARGET_ONLY]
     assert onnx and all(r["model_memory_mb"] > 0 for r in onnx)
     exported = next(r for r in on_disk["rows"] if r["configuration"] == "exported draft, overlap (ours)")
-    assert set(exported["drafters"]) - {"none", "ngram"} == {"onnx:CPU"}  # the export served the drafted steps
+    # the export served the drafted steps ("grammar": json-schema prompts draft what the schema forces)
+    assert set(exported["drafters"]) - {"none", "ngram", "grammar"} == {"onnx:CPU"}
     assert {"torch", "transformers", "python"} <= set(on_disk["versions"])
     peers = {(c["ours"], c["peer"]) for c in on_disk["ours_vs_peers"]}
     assert ("draft model, sequential (ours)", "assisted generation (transformers)") in peers

@@ -127,3 +127,25 @@ def test_prompt_from_stdin_a_file_and_a_system_message(tiny_folder, tmp_path):
     assert isinstance(text("def quicksort(arr):", "--system", "Answer in French."), str)
     neither = run("generate", "--target", str(tiny_folder))
     assert neither.returncode == 2 and "stdin" in neither.stderr
+
+
+def test_generate_with_a_json_schema_file(tiny_folder, tmp_path):
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    common = ["--target", str(tiny_folder), "--max-new-tokens", "40", "--json", "--raw", "--dtype", "float32",
+              "--json-schema", str(tmp_path / "schema.json"), "--logprobs", "1", "def f(x): return x"]
+    spec, plain = run("generate", *common, "--draft", "ngram"), run("generate", *common, "--draft", "none")
+    assert spec.returncode == 0, spec.stderr
+    a, b = json.loads(spec.stdout), json.loads(plain.stdout)
+    assert a["token_ids"] == b["token_ids"] and a["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(a["text"]), schema)
+    assert len(a["logprobs"]) == len(a["token_ids"]) and len(a["logprobs"][0]["top"]) == 1
+    (tmp_path / "bad.json").write_text('{"type": "nonsense"}')
+    for args, words in [(["--json-schema", str(tmp_path / "bad.json")], "grammar is invalid"),
+                        (["--json-schema", str(tmp_path / "missing.json")], "cannot read the JSON schema file"),
+                        (["--regex", "(", "--grammar", str(tmp_path / "schema.json")], "at most one")]:
+        out = run("generate", "--target", str(tiny_folder), "--raw", *args, "hi")
+        assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -1,0 +1,171 @@
+"""Structured output: grammar-constrained decoding with llguidance.
+
+A request's JSON schema, regex or Lark grammar becomes a `GrammarConstraint`: llguidance's matcher over the
+target's vocabulary. The step core (runtime/decode/step.py) asks it three things per verify step:
+- `clip(draft)`: the longest prefix of the draft the grammar allows (a forbidden token ends the draft);
+- `masks(draft)`: for each of the k+1 verified positions, the tokens the grammar allows there. The target's
+  logits are masked before `verify`, so the distribution verified against -- and sampled from -- is the
+  constrained target's, exactly as in constrained target-only decoding;
+- `advance(tokens)`: the committed tokens move the grammar state on.
+The matcher only ever holds committed tokens between steps: the draft tokens consumed to compute the masks
+are rolled back at once, as the KV cache past the committed length is.
+
+llguidance was picked over xgrammar and outlines-core: it installs as one small abi3 wheel with no torch
+dependency, needs no per-vocabulary index build (masks are computed lazily, ~0.1-1 ms per position on these
+vocabularies; docs/structured-output.md) and takes JSON schema, regex and Lark grammars.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from mirrorsd.config import SCHEMA_HINT as HINT
+from mirrorsd.errors import ConfigError
+
+
+
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""JSON replies on one line, laid out as Python's json.dumps does. Free whitespace would let a model pad a reply
+with newlines until the token limit; a schema's own "x-guidance" options override this."""
+
+
+def grammar_text(json_schema: str | None, regex: str | None, grammar: str | None) -> str | None:
+    """The llguidance grammar for a request's structure settings (at most one is set; None: no constraint)."""
+    import llguidance
+
+    if json_schema is not None:
+        return llguidance.LLMatcher.grammar_from_json_schema(json_schema, defaults=JSON_LAYOUT)
+    if regex is not None:
+        return llguidance.LLMatcher.grammar_from_regex(regex)
+    if grammar is not None:
+        return llguidance.LLMatcher.grammar_from_lark(grammar)
+    return None
+
+
+class Grammars:
+    """Builds request constraints for one target vocabulary. The llguidance tokenizer (about a second to build
+    for a 150k vocabulary) is made on first use and kept."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: Sequence[int]) -> None:
+        self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, sorted(eos_ids)
+        self._lltok = None
+        self._lock = threading.Lock()
+
+    def constraint(self, grammar: str) -> GrammarConstraint:
+        """A fresh matcher for `grammar`; ConfigError with llguidance's message when the grammar is invalid."""
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self._tokenizer(), grammar, log_level=0)
+        if matcher.is_error():
+            raise ConfigError(f"the structured-output grammar is invalid: {matcher.get_error()}", HINT)
+        return GrammarConstraint(matcher, self.vocab_size)
+
+    def _tokenizer(self):
+        with self._lock:
+            if self._lltok is None:
+                try:
+                    import llguidance.hf
+                except ImportError:  # pragma: no cover - a base dependency
+                    raise ConfigError("structured output needs the llguidance package",
+                                      "pip install llguidance") from None
+                try:
+                    self._lltok = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size,
+                                                               eos_token=self.eos_ids)
+                except ValueError as exc:
+                    raise ConfigError(f"structured output needs a fast (Rust) tokenizer: {exc}", "") from None
+            return self._lltok
+
+
+class GrammarConstraint:
+    """One request's grammar state. Not thread-safe: the verify thread alone uses it."""
+
+    def __init__(self, matcher, vocab_size: int) -> None:
+        self.matcher, self.vocab_size = matcher, vocab_size
+        self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
+        self._synced: list[int] = []
+
+    def clip(self, tokens: Sequence[int]) -> list[int]:
+        """The longest prefix of `tokens` the grammar allows from the committed state."""
+        tokens = [int(t) for t in tokens]
+        n = self.matcher.validate_tokens(tokens)
+        if n < len(tokens):  # validate_tokens stops before an end-of-sequence token even where it is allowed
+            self._consume(tokens[:n])
+            allowed = bool(self._allowed()[tokens[n]])
+            if n:
+                self.matcher.rollback(n)
+            n += allowed
+        return tokens[:n]
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to `limit` tokens the grammar forces next from the committed state (llguidance's fast-forward
+        tokens: e.g. a schema's fixed keys and punctuation). A draft, not a decision: the target may still pick
+        another tokenization of the same text, and verify decides as for any draft."""
+        return [int(t) for t in self.matcher.compute_ff_tokens()[:limit]] if limit > 0 else []
+
+    def masks(self, draft: Sequence[int]) -> torch.Tensor:
+        """[k+1, V] bool: row i holds the tokens allowed after the committed tokens + draft[:i]. The draft must
+        be clipped already; the matcher is back at the committed state on return."""
+        rows = np.empty((len(draft) + 1, self.vocab_size), dtype=bool)
+        for i in range(len(draft) + 1):
+            rows[i] = self._allowed()
+            if i < len(draft):
+                self._consume(draft[i:i + 1])
+        if draft:
+            self.matcher.rollback(len(draft))
+        return torch.from_numpy(rows)
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        self._consume(tokens)
+
+    def sync(self, tokens: Sequence[int]) -> bool:
+        """Move the state to after `tokens` (rolling back what differs from the last sync, as a transformers
+        logits processor needs under assisted decoding); False if the grammar forbids them."""
+        tokens, seen = [int(t) for t in tokens], self._synced
+        common = 0
+        while common < min(len(tokens), len(seen)) and tokens[common] == seen[common]:
+            common += 1
+        if len(seen) > common:
+            self.matcher.rollback(len(seen) - common)
+        self._synced = tokens[:common]
+        if self.matcher.validate_tokens(tokens[common:]) < len(tokens) - common:
+            return False
+        self._consume(tokens[common:])
+        self._synced = tokens
+        return True
+
+    def _consume(self, tokens: Sequence[int]) -> None:
+        # One at a time: consume_tokens refuses an end-of-sequence token after the grammar has completed.
+        for t in tokens:
+            if not self.matcher.consume_token(int(t)):
+                raise RuntimeError(f"the grammar matcher refused token {t}: {self.matcher.get_error()}")
+
+    def _allowed(self) -> np.ndarray:
+        self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab_size].astype(bool)
+
+
+def apply_masks(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """logits [k+1, V] with the grammar's forbidden tokens at -inf (allowed: [k+1, V'] bool, V' <= V)."""
+    out = logits.float().clone()
+    width = min(out.shape[-1], allowed.shape[-1])
+    out[:, :width].masked_fill_(~allowed[:, :width].to(out.device), float("-inf"))
+    out[:, width:] = float("-inf")
+    return out
+
+
+class GrammarLogitsProcessor:
+    """A transformers logits processor for a peer's constrained generation (bench): the tokens after the prompt
+    set the grammar state, forbidden tokens get -inf. Rows after a forbidden candidate (assisted decoding) are
+    left as they are: transformers discards them."""
+
+    def __init__(self, constraint: GrammarConstraint, prompt_len: int) -> None:
+        self.constraint, self.prompt_len = constraint, prompt_len
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if not self.constraint.sync(input_ids[0, self.prompt_len:].tolist()):
+            return scores
+        return apply_masks(scores, self.constraint.masks([])).to(scores.dtype)
