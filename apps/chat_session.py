@@ -9,6 +9,7 @@ a stopped reply is kept as far as it got, a failed turn leaves the history as it
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -24,6 +25,7 @@ class ChatSettings:
     temperature: float = 0.7
     max_new_tokens: int = 512
     seed: int | None = None
+    system: str = ""  # the system prompt, sent before the conversation ("" = none)
 
     def config(self) -> GenerationConfig:
         return GenerationConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed)
@@ -47,16 +49,19 @@ class ChatSession:
         self.engine = engine
         self.settings = settings or ChatSettings()
         self.messages: list[dict] = []
+        self.first_token_s: float | None = None  # time to first token of the turn in flight / the last one
 
     def new_chat(self) -> None:
         self.messages = []
 
     def prompt(self):
         """The conversation as the engine takes it: chat messages through the model's template, or a
-        plain "User:/Assistant:" transcript for a model without one."""
+        plain "User:/Assistant:" transcript for a model without one. The system prompt goes first."""
+        system = self.settings.system.strip()
+        messages = ([{"role": "system", "content": system}] if system else []) + self.messages
         if getattr(self.engine.tokenizer, "chat_template", None) is not None:
-            return list(self.messages)
-        lines = [f"{m['role'].capitalize()}: {m['content']}" for m in self.messages]
+            return messages
+        lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
         return "\n".join(lines) + "\nAssistant:"
 
     def reply(self, user_text: str, on_token: Callable[[TokenEvent], None] | None = None,
@@ -69,16 +74,19 @@ class ChatSession:
         self.messages.append({"role": "user", "content": user_text})
         turn = Turn()
         stream = None
+        self.first_token_s, started = None, time.perf_counter()
         try:
             stream = self.engine.stream(self.prompt(), self.settings.config())
             for event in stream:
+                if self.first_token_s is None:  # prompt processing included: what the user waits for
+                    self.first_token_s = time.perf_counter() - started
                 if isinstance(event, FinishEvent):
                     turn.result, turn.finish_reason = event.result, event.result.finish_reason
                     turn.text, turn.tail = turn.text + event.text, event.text
-                    turn.stats = event.result.stats.to_dict()
+                    turn.stats = self.stats_of(event)
                     break
                 turn.text += event.text
-                turn.stats = event.stats.to_dict()
+                turn.stats = self.stats_of(event)
                 if on_token is not None:
                     on_token(event)
                 if stop is not None and stop.is_set():
@@ -94,6 +102,10 @@ class ChatSession:
                 stream.close()  # cancels the request if it is still running
         self.messages.append({"role": "assistant", "content": turn.text})
         return turn
+
+    def stats_of(self, event) -> dict:
+        """The event's GenerationStats as a dict, with this turn's time to first token."""
+        return {**event.stats.to_dict(), "time_to_first_token_s": self.first_token_s}
 
 
 def describe_error(exc: BaseException) -> str:
@@ -111,8 +123,10 @@ def stats_fields(stats: dict) -> dict[str, str]:
     """The live speculation numbers worth showing, from GenerationStats.to_dict() (so fields other
     modules add later travel with the dict and can be shown in a details view)."""
     alpha = stats.get("acceptance_rate")
+    first = stats.get("time_to_first_token_s")
     return {
         "tokens/s": f"{stats.get('tokens_per_second', 0.0):.1f}",
+        "first token": "–" if first is None else f"{first:.2f} s",
         "acceptance": "n/a" if alpha is None else f"{alpha:.0%}",
         "mean accepted length": f"{stats.get('mean_accepted_length', 0.0):.2f}",
         "drafter": str(stats.get("drafter", "none")),
@@ -126,6 +140,39 @@ def _pipeline(stats: dict) -> str:
     mode = str(stats.get("pipeline", "sequential"))
     hidden = stats.get("hidden_draft_share")
     return f"{mode}, {hidden:.0%} of drafting hidden" if hidden and mode != "sequential" else mode
+
+
+def format_stat(key: str, value) -> str:
+    """One statistic as a person reads it: seconds with a unit, rates as percentages, 3 significant
+    digits for other floats, lists and dicts without Python's brackets and quotes."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, int):  # bools too
+        return str(value)
+    if isinstance(value, float):
+        if key.endswith("_s"):
+            return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+        if key.endswith(("_rate", "_share", "_acceptance")):
+            return f"{value:.0%}"
+        return f"{value:.3g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {format_stat(key, v)}" for k, v in value.items()) or "–"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(format_stat(key, v) for v in value) or "–"
+    return str(value) or "–"
+
+
+def stats_details(stats: dict) -> str:
+    """Every statistic, one per line, formatted (the window's tooltip)."""
+    return "\n".join(f"{key.removesuffix('_s').replace('_', ' ')}: {format_stat(key, value)}"
+                     for key, value in stats.items())
+
+
+def finish_note(turn: Turn, max_new_tokens: int) -> str:
+    """Why a reply ended, when that is not the model's own choice ("" then)."""
+    if turn.finish_reason == "length":
+        return f"cut at the {max_new_tokens}-token limit"
+    return "stopped" if turn.finish_reason == "cancelled" else ""
 
 
 def stats_line(stats: dict) -> str:

@@ -1,8 +1,10 @@
 """`mirrorsd chat` without a display: the same chat in a terminal.
 
 Type a message and press Enter; the reply streams, tokens that came from the draft highlighted
-(when the output is a terminal, or with --highlight). Ctrl-C stops a reply at once and keeps the
-chat; Ctrl-C or Ctrl-D at the prompt leaves. Commands: /new, /temp X, /max N, /stats, /help, /quit.
+(when the output is a terminal, or with --highlight). A line ending in a backslash continues on the
+next line (and in a terminal, Esc then Enter inserts a new line). Up/Down recall earlier messages,
+kept across sessions in the user data folder. Ctrl-C stops a reply at once and keeps the chat;
+Ctrl-C or Ctrl-D at the prompt leaves. Commands: see HELP.
 """
 
 from __future__ import annotations
@@ -10,60 +12,112 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TextIO
 
-from mirrorsd.apps.chat_session import ChatSession, engine_summary, stats_line, with_settings
+from mirrorsd.apps.chat_session import ChatSession, engine_summary, finish_note, stats_line, with_settings
 from mirrorsd.errors import MirrorsdError
 
-HELP = """commands:
-  /new        start a new chat (forget the conversation)
-  /temp X     sampling temperature (0 = greedy)
-  /max N      most tokens per reply
-  /stats      every statistic of the last reply (JSON)
-  /help       this text
-  /quit       leave (Ctrl-D also does)
+COMMANDS = {
+    "/new": "start a new chat (forget the conversation)",
+    "/system TEXT": "set the system prompt (/system alone clears it)",
+    "/temp X": "sampling temperature (0 = greedy)",
+    "/max N": "most tokens per reply",
+    "/stats": "every statistic of the last reply (JSON)",
+    "/help": "this text",
+    "/quit": "leave (Ctrl-D also does)",
+}
+HELP = "commands:\n" + "\n".join(f"  {name:<13}{what}" for name, what in COMMANDS.items()) + """
+A line ending in \\ continues on the next line; in a terminal Esc then Enter also starts a new line.
 Ctrl-C stops a reply mid-way; the chat goes on."""
 
 DRAFT_STYLE = "\x1b[32m"  # draft-accepted tokens: green
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 
 
-def run_terminal_chat(session: ChatSession, read: Callable[[str], str] = input, out: TextIO = sys.stdout,
+def line_reader(history: Path | None = None, **prompt_options) -> Callable[[str], str]:
+    """prompt_toolkit's line editor with a persistent history, in a terminal; input() otherwise (pipes,
+    tests), where an editor would only get in the way. `prompt_options` go to PromptSession (tests pass
+    their own input and output)."""
+    if not prompt_options and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return input
+    try:
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.history import FileHistory
+        from prompt_toolkit.key_binding import KeyBindings
+    except ImportError:  # an install without it still chats, without line editing
+        return input
+
+    from mirrorsd.apps.chat_store import history_file
+
+    path = history or history_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = KeyBindings()
+
+    @keys.add("escape", "enter")  # Esc+Enter (also Alt+Enter): a new line instead of sending
+    def _(event) -> None:
+        event.current_buffer.insert_text("\n")
+
+    return PromptSession(history=FileHistory(str(path)), key_bindings=keys, **prompt_options).prompt
+
+
+def read_message(read: Callable[[str], str]) -> str:
+    """One message: a line, and the lines after it while each ends in a backslash."""
+    line = read("you> ")
+    while line.endswith("\\"):
+        line = line[:-1] + "\n" + read("...> ")
+    return line
+
+
+def run_command(session: ChatSession, text: str, last_stats: dict) -> str | None:
+    """Carry out a /command and say what happened; None for /quit."""
+    command, _, arg = text.partition(" ")
+    arg = arg.strip()
+    if command in ("/quit", "/exit"):
+        return None
+    try:
+        if command == "/new":
+            session.new_chat()
+            return "(new chat)"
+        if command == "/system":
+            with_settings(session, system=arg)
+            return f"(system prompt: {arg})" if arg else "(system prompt cleared)"
+        if command == "/temp":
+            with_settings(session, temperature=float(arg))
+            return f"(temperature {session.settings.temperature})"
+        if command == "/max":
+            with_settings(session, max_new_tokens=int(arg))
+            return f"(max tokens {session.settings.max_new_tokens})"
+        if command == "/stats":
+            return json.dumps(last_stats) if last_stats else "(no reply yet)"
+    except (ValueError, MirrorsdError) as exc:
+        return f"error: {exc}"
+    if command == "/help":
+        return HELP
+    return f"unknown command {command}\n{HELP}"
+
+
+def run_terminal_chat(session: ChatSession, read: Callable[[str], str] | None = None, out: TextIO = sys.stdout,
                       highlight: bool | None = None) -> None:
-    """The read-reply loop. `read` is input() unless a test or an embedding program supplies lines."""
+    """The read-reply loop. `read` is line_reader() unless a test or an embedding program supplies lines."""
+    read = read or line_reader()
     colour = out.isatty() if highlight is None else highlight
     dim = (lambda s: f"{DIM}{s}{RESET}") if colour else (lambda s: s)
     out.write(dim(f"mirrorsd chat · {engine_summary(session.engine)} · /help for commands") + "\n")
     last_stats: dict = {}
     while True:
         try:
-            line = read("you> ")
+            text = read_message(read).strip()
         except (EOFError, KeyboardInterrupt):
             out.write("\n")
             return
-        text = line.strip()
         if not text:
             continue
         if text.startswith("/"):
-            command, _, arg = text.partition(" ")
-            if command in ("/quit", "/exit"):
+            said = run_command(session, text, last_stats)
+            if said is None:
                 return
-            try:
-                if command == "/new":
-                    session.new_chat()
-                    out.write(dim("(new chat)") + "\n")
-                elif command == "/temp":
-                    with_settings(session, temperature=float(arg))
-                    out.write(dim(f"(temperature {session.settings.temperature})") + "\n")
-                elif command == "/max":
-                    with_settings(session, max_new_tokens=int(arg))
-                    out.write(dim(f"(max tokens {session.settings.max_new_tokens})") + "\n")
-                elif command == "/stats":
-                    out.write((json.dumps(last_stats) if last_stats else "(no reply yet)") + "\n")
-                else:
-                    out.write(HELP + "\n")
-            except (ValueError, MirrorsdError) as exc:
-                out.write(f"error: {exc}\n")
+            out.write((dim(said) if said.startswith("(") else said) + "\n")  # confirmations dimmed
             continue
 
         out.write("assistant> ")
@@ -79,5 +133,7 @@ def run_terminal_chat(session: ChatSession, read: Callable[[str], str] = input, 
         last_stats = turn.stats
         note = " · stopped" if turn.finish_reason == "cancelled" else ""
         out.write(turn.tail + "\n" + dim(f"[{stats_line(turn.stats)}{note}]") + "\n")
+        if turn.finish_reason == "length":
+            out.write(dim(f"[{finish_note(turn, session.settings.max_new_tokens)}]") + "\n")
         for reason in turn.stats.get("fallbacks", ()):
             out.write(dim(f"[{reason}; the reply is unaffected]") + "\n")

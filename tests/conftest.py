@@ -93,6 +93,12 @@ def _no_hub():
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _user_data(tmp_path_factory):
+    """Saved chats and the terminal chat's history go to a scratch folder, never the user's own."""
+    os.environ["MIRRORSD_DATA"] = str(tmp_path_factory.mktemp("user-data"))
+
+
 @pytest.fixture(scope="module")
 def datastore(tmp_path_factory, target_model, tokenizer):
     """A datastore holding the target's own greedy continuations of the first two prompts (and the

@@ -97,3 +97,74 @@ def test_errors_read_as_messages():
     assert describe_error(PromptError("too long", "shorten it")) == "too long\n  hint: shorten it"
     oom = describe_error(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert oom.startswith("out of memory: CUDA out of memory") and "hint:" in oom
+
+
+def test_system_prompt_multiline_unknown_commands_and_the_cut_note(tokenizer, target_model):
+    engine = Engine(target_model, tokenizer, NGramDrafter(), name="tiny")
+    session = ChatSession(engine, ChatSettings(temperature=0.0, max_new_tokens=12))
+    out = Screen()
+    run_terminal_chat(session, lines_then_eof("/system You are terse.", "def f(x):\\", "    return x", "/frobnicate",
+                                              "/system", "hi"), out)
+    text = out.getvalue()
+    assert "(system prompt: You are terse.)" in text and "(system prompt cleared)" in text
+    assert session.messages[0]["content"] == "def f(x):\n    return x"  # the backslash continued the line
+    with_system = [{"role": "system", "content": "You are terse."}, session.messages[0]]
+    assert session.messages[1]["content"] == engine.generate(with_system, GenerationConfig(max_new_tokens=12)).text
+    assert "unknown command /frobnicate" in text and "/system TEXT" in text  # and the list of the known ones
+    assert session.prompt()[0]["role"] == "user"  # cleared: no system message any more
+    assert text.count("[cut at the 12-token limit]") == 2  # the tiny model never stops on its own in 12 tokens
+
+
+def test_line_editor_keeps_history_across_sessions_and_esc_enter_adds_a_line(tmp_path):
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+
+    from mirrorsd.apps.chat_terminal import line_reader
+
+    history = tmp_path / "sub" / "chat_history"
+    with create_pipe_input() as keys:
+        read = line_reader(history, input=keys, output=DummyOutput())
+        keys.send_text("hello\r")
+        assert read("you> ") == "hello"
+        keys.send_text("first\x1b\rsecond\r")  # Esc, Enter: a new line, not sent yet
+        assert read("you> ") == "first\nsecond"
+    with create_pipe_input() as keys:  # a new session finds them in its history (Up recalls the last)
+        read = line_reader(history, input=keys, output=DummyOutput())
+        keys.send_text("\x1b[A\r")
+        assert read("you> ") == "first\nsecond"
+    assert history.read_text().count("+hello") == 1
+    assert line_reader() is input  # stdin here is not a terminal: plain input(), so pipes work
+
+
+def test_a_window_that_cannot_start_falls_back_to_the_terminal(tiny_folder):
+    from mirrorsd.apps.chat import missing_libraries
+
+    # xcb against a display that does not exist: Qt aborts there (here also for libraries it lacks).
+    env = {**os.environ, "DISPLAY": ":987", "QT_QPA_PLATFORM": "xcb", "HF_HUB_OFFLINE": "1"}
+    env.pop("WAYLAND_DISPLAY", None)
+    out = subprocess.run([sys.executable, "-m", "mirrorsd", "chat", "--target", str(tiny_folder), "--draft", "ngram",
+                          "--max-new-tokens", "4"], input="hi\n/quit\n", capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    hint = next(line for line in out.stderr.splitlines() if "chatting in the terminal" in line)
+    assert "xcb" in hint or ":987" in hint
+    missing = missing_libraries("xcb")
+    if missing:  # on this machine Qt's xcb plugin lacks system libraries: the hint names their packages
+        assert "sudo apt-get install libxcb-cursor0" in hint and all(lib in hint for lib in missing)
+    assert "assistant> " in out.stdout
+
+
+def test_the_qt_failure_is_described_in_one_line(monkeypatch):
+    from mirrorsd.apps.chat import debian_package, describe_qt_failure, why_no_window
+
+    assert [debian_package(s) for s in ("libxcb-cursor.so.0", "libxkbcommon-x11.so.0", "libX11-xcb.so.1",
+                                         "libxcb-icccm.so.4", "libEGL.so.1")] == \
+        ["libxcb-cursor0", "libxkbcommon-x11-0", "libx11-xcb1", "libxcb-icccm4", "libegl1"]
+    monkeypatch.setenv("DISPLAY", ":987")
+    monkeypatch.setenv("QT_QPA_PLATFORM", "nosuch")  # a real probe of a platform Qt does not have
+    reason = why_no_window()
+    assert reason.startswith('there is no Qt platform plugin "nosuch" (available: ') and "offscreen" in reason
+    gone = describe_qt_failure("qt.qpa.xcb: could not connect to display :987\n", "xcb", [])
+    assert gone == "cannot connect to the X display :987"
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")
+    assert why_no_window() is None

@@ -5,6 +5,7 @@ screenshot of the window into the test's output folder."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -91,9 +92,13 @@ def test_stream_stop_stats_and_screenshot(qtbot, window, tmp_path):
     assert win.stat_labels["acceptance"].text() == "acceptance: " + ("n/a" if alpha is None else f"{alpha:.0%}")
     assert win.stat_labels["drafter"].text() == f"drafter: {stats.drafter}"
     assert float(win.stat_labels["tokens/s"].text().split(": ")[1]) > 0
-    assert "verify_steps" in win.stat_labels["tokens"].toolTip()  # every stats field, in the tooltip
+    details = win.stat_labels["tokens"].toolTip()  # every stats field, formatted for reading
+    assert f"verify steps: {stats.verify_steps}\n" in details and "time to first token: " in details
+    assert not re.search(r"\d\.\d{4,}", details), details  # no raw floats
+    assert win.stat_labels["first token"].text().endswith(" s")
 
-    # 4. Draft-accepted tokens are highlighted, and only while the box is ticked.
+    # 4. Draft-accepted tokens are highlighted, and only while the box is ticked (unticked: Markdown).
+    win.highlight.setChecked(True)
     drafted = sum(len(t) for role, pieces in win._history if role == "assistant" for t, d in pieces if d)
     assert highlighted_chars(win) == drafted
     path = tmp_path / "chat-window.png"
@@ -140,3 +145,140 @@ def test_a_failing_draft_device_is_reported_and_the_reply_is_unchanged(qtbot, to
     plain = Engine(target_model, tokenizer, None).generate([{"role": "user", "content": "hello"}],
                                                            GenerationConfig(max_new_tokens=16))
     assert win.session.messages[-1]["content"] == plain.text
+
+
+CODE_REPLY = "Sorted:\n\n```python\ndef square(x):\n    return x * x\n```\n\nDone."
+
+
+def char_formats(win, text: str) -> list:
+    """The character formats the transcript draws `text` with (one per fragment inside it)."""
+    doc = win.transcript.document()
+    found = doc.find(text)
+    assert not found.isNull(), f"{text!r} is not in the transcript"
+    formats, block = [], doc.findBlock(found.selectionStart())
+    it = block.begin()
+    while not it.atEnd():
+        formats.append(it.fragment().charFormat())
+        it += 1
+    return formats
+
+
+def click_text(qtbot, win, text: str) -> None:
+    """A real mouse click on `text` in the transcript (a link there fires as it would for a user)."""
+    found = win.transcript.document().find(text)
+    cursor = win.transcript.textCursor()
+    cursor.setPosition(found.selectionStart() + 1)
+    qtbot.mouseClick(win.transcript.viewport(), Qt.LeftButton, pos=win.transcript.cursorRect(cursor).center())
+
+
+def test_markdown_copy_system_prompt_and_saved_chats(qtbot, tokenizer, target_model, tmp_path):
+    from PySide6.QtGui import QGuiApplication
+
+    from mirrorsd.apps.chat_store import Conversation, ConversationStore
+
+    store = ConversationStore(tmp_path / "chats")
+    earlier = Conversation(messages=[{"role": "user", "content": "square it"},
+                                     {"role": "assistant", "content": CODE_REPLY}], system="Be brief.")
+    store.save(earlier)
+    engine = Engine(target_model, tokenizer, NGramDrafter(), name="tiny-llama")
+    win = ChatWindow(engine=engine, settings=ChatSettings(temperature=0.0, max_new_tokens=8), store=store)
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitExposed(win)
+
+    # A saved chat is listed and reopens with a click: Markdown drawn, code highlighted in a monospace font.
+    assert win.conversations.count() == 1 and win.conversations.item(0).text() == "square it"
+    item = win.conversations.item(0)
+    qtbot.mouseClick(win.conversations.viewport(), Qt.LeftButton, pos=win.conversations.visualItemRect(item).center())
+    assert win.session.messages == earlier.messages and win.system.text() == "Be brief."
+    shown = win.transcript.toPlainText()
+    assert "```" not in shown and "def square(x):" in shown  # the fence became a code block
+    code = char_formats(win, "def square(x):")
+    assert code and all(f.fontFixedPitch() or "mono" in (f.fontFamilies() or [""])[0].lower() for f in code)
+    assert len({f.foreground().color().name() for f in code}) >= 2  # keywords coloured apart from names
+
+    # The block's Copy link puts exactly the code on the clipboard.
+    click_text(qtbot, win, "Copy")
+    qtbot.waitUntil(lambda: QGuiApplication.clipboard().text() == "def square(x):\n    return x * x\n", timeout=5000)
+
+    # The chat goes on with its system prompt sent first, and is saved again under the same id.
+    type_and_send(qtbot, win, "and cube?")
+    qtbot.waitUntil(lambda: win.status.text().startswith("done"), timeout=20000)
+    messages = [{"role": "system", "content": "Be brief."}] + win.session.messages[:3]
+    assert win.session.messages[-1]["content"] == engine.generate(messages, GenerationConfig(max_new_tokens=8)).text
+    again = store.load(earlier.id)
+    assert again.messages == win.session.messages and len(again.messages) == 4 and again.system == "Be brief."
+    assert "cut at the 8-token limit" in win.transcript.toPlainText()
+
+    # New chat + a turn = a second saved chat, listed first (newest).
+    qtbot.mouseClick(win.new_button, Qt.LeftButton)
+    type_and_send(qtbot, win, "hello there")
+    qtbot.waitUntil(lambda: win.conversations.count() == 2, timeout=20000)
+    assert win.conversations.item(0).text() == "hello there" and len(store.list()) == 2
+
+
+def test_model_list_marks_cached_models_and_asks_before_a_download(qtbot, monkeypatch, tmp_path, tiny_folder):
+    import shutil
+
+    from PySide6.QtWidgets import QMessageBox
+
+    from mirrorsd import catalog
+
+    # A real cache holding only smollm2-135m (the tiny model's files under its name, with the manifest).
+    monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path / "cache"))
+    root = catalog.entry_dir("smollm2-135m")
+    shutil.copytree(tiny_folder, root / "hf")
+    catalog._write_manifest(root, catalog.CATALOG["smollm2-135m"])
+    asked = []
+
+    def answer_no(parent, title, text, *args):  # only the dialog's answer is replaced
+        asked.append(text)
+        return QMessageBox.No
+
+    monkeypatch.setattr(QMessageBox, "question", answer_no)
+    win = ChatWindow("qwen2.5-coder-1.5b", "ngram", load=False)
+    qtbot.addWidget(win)
+    items = [win.model_box.itemText(i) for i in range(win.model_box.count())]
+    assert "smollm2-135m  ✓ cached" in items and "qwen2.5-coder-1.5b  ↓ 1070 MB" in items
+
+    qtbot.mouseClick(win.load_button, Qt.LeftButton)
+    assert asked and "qwen2.5-coder-1.5b (about 1070 MB)" in asked[0]
+    assert "download cancelled" in win.status.text() and win._loader is None and not win.progress.isVisible()
+
+    # A cached model loads without a question; picking it from the list puts its bare name in the field.
+    win.model_box.activated.emit(items.index("smollm2-135m  ✓ cached"))
+    assert win.model_box.currentText() == "smollm2-135m"
+    qtbot.mouseClick(win.load_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: win.session.engine is not None, timeout=60000)
+    assert len(asked) == 1 and win.served_by.text().startswith("smollm2-135m")
+
+
+def test_ctrl_q_quits_and_the_application_is_named(qtbot, window):
+    from mirrorsd.apps.chat_window import make_application
+
+    app = make_application()
+    assert (app.applicationName(), app.desktopFileName()) == ("mirrorsd", "mirrorsd")
+    assert window.windowTitle() == "mirrorsd chat"
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow, timeout=5000)
+    qtbot.keyClick(window.input, Qt.Key_Q, Qt.ControlModifier)
+    qtbot.waitUntil(lambda: not window.isVisible(), timeout=5000)
+
+
+def test_screenshot_script_draws_a_highlighted_code_block(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from PySide6.QtGui import QImage
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "chat_screenshot.py"
+    out = tmp_path / "shot.png"
+    done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert done.returncode == 0, done.stderr
+    image = QImage(str(out))
+    assert image.width() >= 900 and image.height() >= 600
+    # The code block's keyword green (pygments' default style, #008000) is drawn somewhere.
+    colours = {image.pixelColor(x, y).name() for x in range(0, image.width(), 2) for y in range(0, image.height(), 2)}
+    assert "#008000" in colours

@@ -1,0 +1,92 @@
+"""Where the chat keeps what outlives a session: saved conversations (the window's sidebar) and the
+terminal chat's line history, under the user data folder (MIRRORSD_DATA overrides it).
+
+Every conversation is one JSON file, replaced atomically (written to a temporary file in the same
+folder, flushed to disk, then renamed over the old one), so a crash mid-save leaves the previous
+version intact rather than a truncated file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+def data_dir() -> Path:
+    """MIRRORSD_DATA, else the user's data folder (e.g. ~/.local/share/mirrorsd)."""
+    env = os.environ.get("MIRRORSD_DATA")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("mirrorsd"))
+
+
+def history_file() -> Path:
+    """The terminal chat's line history (prompt_toolkit's FileHistory format)."""
+    return data_dir() / "chat_history"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them the file
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class Conversation:
+    messages: list[dict] = field(default_factory=list)
+    system: str = ""
+    model: str = ""
+    id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+
+    @property
+    def title(self) -> str:
+        first = next((m["content"] for m in self.messages if m["role"] == "user"), "(empty)")
+        line = " ".join(first.split())
+        return line if len(line) <= 48 else line[:47] + "…"
+
+
+class ConversationStore:
+    def __init__(self, folder: Path | None = None) -> None:
+        self.folder = folder or data_dir() / "conversations"
+
+    def path(self, conversation_id: str) -> Path:
+        return self.folder / f"{conversation_id}.json"
+
+    def save(self, conversation: Conversation) -> None:
+        conversation.updated = time.time()
+        write_atomically(self.path(conversation.id), json.dumps(asdict(conversation), ensure_ascii=False, indent=1))
+
+    def load(self, conversation_id: str) -> Conversation:
+        data = json.loads(self.path(conversation_id).read_text(encoding="utf-8"))
+        known = Conversation.__dataclass_fields__
+        return Conversation(**{k: v for k, v in data.items() if k in known})
+
+    def list(self) -> list[Conversation]:
+        """Newest first; a file that does not parse (edited by hand, another program) is skipped."""
+        found = []
+        for path in self.folder.glob("*.json") if self.folder.is_dir() else ():
+            try:
+                found.append(self.load(path.stem))
+            except (OSError, ValueError, TypeError):
+                continue
+        return sorted(found, key=lambda c: c.updated, reverse=True)
+
+    def delete(self, conversation_id: str) -> None:
+        self.path(conversation_id).unlink(missing_ok=True)

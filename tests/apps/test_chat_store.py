@@ -1,0 +1,43 @@
+"""Saved chats: JSON files under MIRRORSD_DATA, replaced atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from mirrorsd.apps.chat_store import Conversation, ConversationStore, data_dir, history_file
+
+
+def test_saved_chats_round_trip_newest_first_and_skip_broken_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRRORSD_DATA", str(tmp_path))
+    assert data_dir() == tmp_path and history_file() == tmp_path / "chat_history"
+    store = ConversationStore()
+    old = Conversation(messages=[{"role": "user", "content": "  first\n question " + "x" * 60}], system="s")
+    new = Conversation(messages=[{"role": "user", "content": "ünïcode ok"}])
+    store.save(old)
+    store.save(new)
+    (store.folder / "broken.json").write_text("{not json")
+    listed = store.list()
+    assert [c.id for c in listed] == [new.id, old.id]
+    assert listed[1].messages == old.messages and listed[1].system == "s"
+    assert listed[1].title.startswith("first question x") and listed[1].title.endswith("…")
+    assert len(listed[1].title) == 48 and "ünïcode" in (store.folder / f"{new.id}.json").read_text("utf-8")
+
+
+def test_a_save_that_dies_midway_leaves_the_previous_version(tmp_path, monkeypatch):
+    store = ConversationStore(tmp_path)
+    chat = Conversation(messages=[{"role": "user", "content": "kept"}])
+    store.save(chat)
+    chat.messages.append({"role": "assistant", "content": "lost"})
+
+    def crash(src, dst):  # the process dies between writing the new file and renaming it into place
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        store.save(chat)
+    monkeypatch.undo()
+    assert json.loads(store.path(chat.id).read_text())["messages"] == [{"role": "user", "content": "kept"}]
+    assert [p.name for p in tmp_path.iterdir()] == [f"{chat.id}.json"]  # no temporary file left behind
