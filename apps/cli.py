@@ -122,7 +122,9 @@ def generate(
     else:
         alpha = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"
         hidden = "" if s.pipeline == "sequential" else f", {s.pipeline}: {s.hidden_draft_share or 0:.0%} of draft time hidden"
-        print(f"\n\n[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s on {s.backend}, drafter {s.drafter}, "
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in s.drafter_shares.items())
+        served = f" (steps: {shares})" if len(s.drafter_shares) > 1 else ""
+        print(f"\n\n[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s on {s.backend}, drafter {s.drafter}{served}, "
               f"acceptance {alpha}, mean accepted length {s.mean_accepted_length:.2f}, "
               f"{s.verify_steps} verify steps{hidden}, finish: {result.finish_reason}]", file=sys.stderr)
         if trace:
