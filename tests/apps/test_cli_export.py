@@ -47,6 +47,18 @@ def test_export_shows_each_phase_with_its_time_and_a_validation_table(export_run
     assert manifest["validation"]["passed"] and manifest["validation"]["checks"][0]["check"] == "max |logit diff|"
 
 
+def test_the_tools_noise_is_hidden_unless_verbose(tiny_folder, tmp_path):
+    common = ["export", "--model", str(tiny_folder), "--max-context", "128", "--prefill-chunk", "8", "--quant", "int8",
+              "--no-validate"]
+    quiet, verbose = run(*common, "--out", str(tmp_path / "q")), run(*common, "--out", str(tmp_path / "v"), "--verbose")
+    assert quiet.returncode == verbose.returncode == 0, quiet.stderr + verbose.stderr
+    assert "WARNING" in verbose.stderr  # onnxruntime's static quantizer warns on the root logger
+    assert "WARNING" not in quiet.stderr, quiet.stderr
+    assert re.search(r"^quantize +\d+\.\d s  quant int8$", quiet.stderr, re.M)
+    assert re.search(r"^validate +skipped  not asked$", quiet.stderr, re.M)
+    assert "validation" not in quiet.stdout  # nothing validated, no table
+
+
 def test_a_failed_validation_says_which_check_failed_and_exits_1(tiny_folder, exported, tmp_path):
     out = tmp_path / "strict"
     strict = run("export", "--model", str(tiny_folder), "--out", str(out), "--max-context", "128",
