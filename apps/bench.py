@@ -117,8 +117,37 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
 
             lm = quantized().verifier
             judges[name] = (lm, 2 * batch_discrepancy(lm, encoded[0]))
-    _measure(prompts, encoded, configs_run, runners, cells, opts, console, judges)
+    try:
+        _measure(prompts, encoded, configs_run, runners, cells, opts, console, judges)
+    except KeyboardInterrupt:  # Ctrl-C: keep what was measured, then stop as Ctrl-C does (exit 130 in the CLI)
+        done = _finished_prompts(cells, opts.repeats)
+        if done == 0:
+            console.print("interrupted before the first prompt finished on every configuration: no report written")
+            raise
+        cells = {name: row[:done] for name, row in cells.items()}
+        _write_report(opts, ctx, prompts[:done], encoded[:done], configs_run, cells, skipped, command, judges,
+                      console, partial_of=len(prompts))
+        console.print(f"interrupted: partial report ({done} of {len(prompts)} prompts) written to "
+                      f"{Path(opts.out) / 'report.json'} and {Path(opts.out) / 'report.md'}")
+        raise
+    return _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command, judges, console)
+
+
+def _finished_prompts(cells: dict, repeats: int) -> int:
+    """How many prompts, from the first, every configuration has run all repeats of (the loop's order)."""
+    rows = list(cells.values())
+    return next((i for i in range(len(rows[0])) if any(len(row[i].seconds) < repeats for row in rows)), len(rows[0]))
+
+
+def _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command, judges, console,
+                  partial_of: int | None = None) -> dict:
+    """report.json, report.md and the plots; partial_of: the suite's size when Ctrl-C cut the run short."""
+    from rich.console import Console
+
     report = _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command)
+    report["partial"] = partial_of is not None
+    if partial_of is not None:
+        report["interrupted"] = f"interrupted (Ctrl-C) after {len(prompts)} of {partial_of} prompts"
     report["settings"]["near_tie_tolerance"] = {name: round(tol, 4) for name, (_, tol) in judges.items()}
     outdir = Path(opts.out)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -175,24 +204,42 @@ def _measure(prompts, encoded, configs_run, runners, cells, opts, console, judge
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    total = len(prompts) * len(configs_run) * opts.repeats
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    task = progress.add_task("benchmarking", total=len(prompts) * len(configs_run) * opts.repeats)
+    task = progress.add_task("benchmarking", total=total)
+    start, done = time.perf_counter(), 0
     with Live(Group(progress), console=console, refresh_per_second=4, transient=False) as live:
         for i, (p, ids) in enumerate(zip(prompts, encoded)):
             cfg = _gen_config(p, opts)
             for r in range(opts.repeats):
                 for c in configs_run:  # interleaved: each repeat visits every configuration
-                    progress.update(task, description=f"{p.label} · {c.name} · repeat {r + 1}")
-                    t0 = time.perf_counter()
-                    out = runners[c.name](ids, cfg)
+                    what = f"{p.label} · {c.name} · repeat {r + 1}"
+                    progress.update(task, description=what)
                     cell = cells[c.name][i]
-                    cell.seconds.append(time.perf_counter() - t0)
-                    if cell.first is None:
-                        cell.first = out
+                    out = _run_once(cell, runners[c.name], ids, cfg)
                     if p.greedy:
                         _judge(cell, out.tokens, cells[c.reference][i].first.tokens, ids, c, judges)
-                    progress.advance(task)
+                    done += 1
+                    eta = _eta(time.perf_counter() - start, done, total)
+                    progress.update(task, advance=1, description=f"{what} · ETA {eta}")
+                    if not console.is_terminal:  # a log gets a line per run instead of the live display
+                        console.print(f"[{done}/{total}] {what} · ETA {eta}", markup=False, highlight=False)
             live.update(Group(_partial_table(configs_run, cells, prompts, i + 1), progress))
+
+
+def _run_once(cell: Cell, runner, ids, cfg) -> Output:
+    t0 = time.perf_counter()
+    out = runner(ids, cfg)
+    cell.seconds.append(time.perf_counter() - t0)
+    if cell.first is None:
+        cell.first = out
+    return out
+
+
+def _eta(elapsed: float, done: int, total: int) -> str:
+    """mm:ss left at the mean time per run so far (runs differ, but every prompt visits every configuration)."""
+    left = round(elapsed / done * (total - done)) if done else 0
+    return f"{left // 60:02d}:{left % 60:02d}"
 
 
 def _choose(chosen: list[BenchConfig], opts: BenchOptions) -> list[BenchConfig]:
@@ -247,6 +294,7 @@ def _sum_stats(outs: list[Output]):
         "mean_accepted_length": round(sum(s.generated_tokens for s in stats) / steps, 3),
         "acceptance_rate": round(sum(s.accepted_tokens for s in stats) / drafted, 3),
         "per_position_acceptance": [round(a / d, 3) for a, d in zip(pos_a, pos_d) if d],
+        "per_position_drafted": [d for d in pos_d if d],  # the sample behind each position's acceptance
         "propose_us_per_step": round(sum(s.draft_time_s for s in stats) / steps * 1e6),
         "draft_hidden_share": _ratio(sum(s.draft_hidden_s for s in stats), sum(s.draft_time_s for s in stats)),
         "branch_hit_rate": _ratio(sum(s.branch_hits for s in stats),
@@ -290,6 +338,7 @@ def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -
             if all(m in ctx.memory_mb for m in c.memory) else None,
             "mismatched_prompts": [prompts[i].label for i in all_idx if row_cells[i].equal is False],
             "mean_accepted_length": None, "acceptance_rate": None, "per_position_acceptance": [],
+            "per_position_drafted": [],
             "propose_us_per_step": None, "draft_hidden_share": None, "branch_hit_rate": None,
         }
         summed = _sum_stats([cell.first for cell in row_cells])
@@ -445,6 +494,8 @@ def markdown(report: dict) -> str:
     cats = report["categories"]
     m, mach, v = report["models"], report["machine"], report["versions"]
     lines = []
+    if report.get("partial"):
+        lines += [f"**Partial report: {report['interrupted']}; the numbers cover those prompts only.**", ""]
     if report.get("command"):
         lines += [f"`{report['command']}` ({report['date_utc']})", ""]
     lines += [_title(report) + ".", "",

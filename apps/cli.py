@@ -138,7 +138,9 @@ def generate(
     else:
         alpha = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"
         hidden = "" if s.pipeline == "sequential" else f", {s.pipeline}: {s.hidden_draft_share or 0:.0%} of draft time hidden"
-        print(f"\n\n[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s on {s.backend}, drafter {s.drafter}, "
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in s.drafter_shares.items())
+        served = f" (steps: {shares})" if len(s.drafter_shares) > 1 else ""
+        print(f"\n\n[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s on {s.backend}, drafter {s.drafter}{served}, "
               f"acceptance {alpha}, mean accepted length {s.mean_accepted_length:.2f}, "
               f"{s.verify_steps} verify steps{hidden}, finish: {result.finish_reason}]", file=sys.stderr)
         if trace:
@@ -297,29 +299,30 @@ def export_cmd(
     target: Annotated[Optional[str], typer.Option(help="Verifier for the validation's acceptance rate "
                                                        "(default: the exported model itself).")] = None,
     provider: Annotated[str, typer.Option(help="ONNX Runtime provider the validation runs on.")] = "cpu",
+    atol: Annotated[float, typer.Option(help="Validation of an fp32 export: the largest |logit difference| "
+                                             "from PyTorch that passes.")] = 1e-4,
+    min_top1: Annotated[float, typer.Option(help="Validation of an fp16 or quantized export: the least top-1 "
+                                                 "agreement with PyTorch that passes (0..1).")] = 0.99,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show the tools' own logs and warnings (torch.onnx, "
+                                                            "onnxscript, onnxruntime), hidden by default.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the manifest (or, with --validate, the report) "
+                                                         "as JSON instead of the summary table.")] = False,
 ) -> None:
     """Export a draft model to ONNX / Core ML for an NPU, or a target to ONNX for the onnx backend (and
-    validate it); or validate an export."""
+    validate it); or validate an export. Exits 1 when validation fails."""
+    from rich.console import Console
+
+    from mirrorsd.apps.export_view import PhaseDisplay
     from mirrorsd.errors import ConfigError
+    from mirrorsd.exporters.phases import PhaseLog
+    from mirrorsd.exporters.validate import Limits
 
+    if not (atol >= 0 and 0 <= min_top1 <= 1):
+        raise ConfigError("--atol must be >= 0 and --min-top1 between 0 and 1", "e.g. --atol 1e-4 --min-top1 0.99")
+    phases, limits = PhaseLog(PhaseDisplay(Console(stderr=True))), Limits(atol=atol, top1_min=min_top1)
     if validate:
-        from mirrorsd.exporters import validate_export
-
-        target_model = None
-        if target:
-            import torch
-
-            from mirrorsd.models import load_model
-
-            from mirrorsd.export_format import check_tokenizer, read_manifest
-
-            target_model, target_tok = load_model(target, torch.device("cpu"), torch.float32, progress=True)
-            check_tokenizer(read_manifest(validate), target_tok, target, validate)
-        report = validate_export(validate, target=target_model, provider=provider)
-        print(json.dumps(report, indent=1))
-        if not report["passed"]:
-            print(f"validation FAILED ({report.get('criteria', 'spec')})", file=sys.stderr)
-            raise typer.Exit(1)
+        report = _validate_export(validate, target, provider, limits, phases, verbose)
+        _show_validation(report, report if as_json else None, f"the export in {validate} is unchanged")
         return
     if not model or not out:
         raise ConfigError("mirrorsd export needs --model and --out (or --validate DIR)",
@@ -328,17 +331,51 @@ def export_cmd(
 
     manifest = export_draft(model, out, fmt=fmt, profile=profile, precision=precision, quant=quant,
                             max_context=max_context or (4096 if role == "verifier" else 1024),
-                            prefill_chunk=prefill_chunk, validate=not no_validate, progress=True, role=role)
-    print(f"{out}: {role}, {fmt} {manifest['profile']} profile, {manifest['precision']}, quant {manifest['quant_form']}, "
-          f"max context {manifest['max_context']}, exported in {manifest['export_seconds']} s")
-    if "validation" in manifest:
-        print(json.dumps(manifest["validation"], indent=1))
-        if not manifest["validation"]["passed"]:
-            what = ("as a verifier it decodes its own quantized model, which differs from the source more often "
-                    "than the criteria allow") if role == "verifier" else \
-                "the export still drafts losslessly, with a lower acceptance rate"
-            print(f"warning: validation criteria not met ({manifest['validation'].get('criteria')}); {what}",
-                  file=sys.stderr)
+                            prefill_chunk=prefill_chunk, validate=not no_validate, progress=True, role=role,
+                            phases=phases, verbose=verbose, limits=limits)
+    if not as_json:
+        print(f"{out}: {role}, {fmt} {manifest['profile']} profile, {manifest['precision']}, quant "
+              f"{manifest['quant_form']}, max context {manifest['max_context']}; full report in {out}/manifest.json")
+    what = ("as a verifier it decodes its own quantized model, which differs from the source more often than the "
+            "limits allow") if role == "verifier" else "it still drafts losslessly, at a lower acceptance rate"
+    _show_validation(manifest.get("validation"), manifest if as_json else None, f"the export is written to {out}; {what}")
+
+
+def _validate_export(folder: str, target: str | None, provider: str, limits, phases, verbose: bool) -> dict:
+    """`mirrorsd export --validate DIR`: the report, against the export's own model or --target's."""
+    from mirrorsd.exporters import validate_export
+    from mirrorsd.exporters.phases import quiet_tools
+
+    with quiet_tools(verbose):
+        target_model = None
+        if target:
+            import torch
+
+            from mirrorsd.export_format import check_tokenizer, read_manifest
+            from mirrorsd.models import load_model
+
+            with phases.phase("load", target):
+                target_model, target_tok = load_model(target, torch.device("cpu"), torch.float32, progress=True)
+            check_tokenizer(read_manifest(folder), target_tok, target, folder)
+        with phases.phase("validate", f"against PyTorch on the {provider} provider"):
+            return validate_export(folder, target=target_model, provider=provider, limits=limits)
+
+
+def _show_validation(report: dict | None, as_json: dict | None, failed_note: str) -> None:
+    """The summary table (or `as_json`, the machine output, on stdout); a failed validation ends in a FAILED
+    line on stderr and exit code 1."""
+    from rich.console import Console
+
+    from mirrorsd.apps.export_view import failure_summary, validation_table
+
+    if as_json is not None:
+        print(json.dumps(as_json, indent=1))
+    elif report is not None:
+        Console().print(validation_table(report))
+    if report is not None and not report["passed"]:
+        print(f"mirrorsd: {failure_summary(report)}", file=sys.stderr)
+        print(f"  note: {failed_note}; --atol / --min-top1 set the limits", file=sys.stderr)
+        raise typer.Exit(1)
 
 
 @app.command("draft-bench")

@@ -11,6 +11,10 @@ from pathlib import Path
 
 from mirrorsd.errors import ConfigError, ExportError
 from mirrorsd.export_format import TOKENIZER_DIR
+from mirrorsd.exporters.decoder import model_dims
+from mirrorsd.exporters.manifest import write_manifest
+from mirrorsd.exporters.phases import PhaseLog, quiet_tools
+from mirrorsd.exporters.validate import Limits
 
 ROLES = ("draft", "verifier")
 FORMATS = ("onnx", "coreml")
@@ -63,60 +67,96 @@ def providers_for(fmt: str, profile: str, quant: str) -> list[str]:
 
 
 def export_verifier(model, out: str | Path, precision: str = "fp32", quant: str = "int4", max_context: int = 4096,
-                    tokenizer=None, validate: bool = True, progress: bool = False) -> dict:
-    """Export a target model for the ONNX Runtime backend (`Engine.load(out)`, `--backend onnx`)."""
+                    tokenizer=None, validate: bool = True, progress: bool = False, **options) -> dict:
+    """Export a target model for the ONNX Runtime backend (`Engine.load(out)`, `--backend onnx`).
+    options: phases, verbose, limits (as export_draft)."""
     return export_draft(model, out, role="verifier", profile="dynamic", precision=precision, quant=quant,
-                        max_context=max_context, tokenizer=tokenizer, validate=validate, progress=progress)
+                        max_context=max_context, tokenizer=tokenizer, validate=validate, progress=progress, **options)
 
 
 def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str | None = None, precision: str = "fp32",
                  quant: str = "none", max_context: int = 1024, prefill_chunk: int = 16, tokenizer=None,
-                 validate: bool = True, progress: bool = False, role: str = "draft") -> dict:
+                 validate: bool = True, progress: bool = False, role: str = "draft", phases: PhaseLog | None = None,
+                 verbose: bool = False, limits: Limits | None = None) -> dict:
     """Export a model; returns the manifest (with a "validation" report unless validate=False).
 
     model: a model argument (catalog name, folder, .gguf) or an in-memory transformers model (then
     pass its tokenizer). out: the export folder (replaced if it holds an earlier export).
     role: "draft" or "verifier" (see export_verifier). profile: default npu for a draft, dynamic for a verifier.
+    phases: times the load/export/quantize/validate phases and tells its listener (the CLI's display);
+    verbose: let the tools' own logs and warnings through; limits: validation thresholds.
     """
     profile = profile or ("dynamic" if role == "verifier" else "npu")
     _check_options(role, fmt, profile, precision, quant, max_context, prefill_chunk)
-    from mirrorsd.exporters.decoder import check_supported, model_dims
+    phases = phases or PhaseLog()
+    with quiet_tools(verbose):
+        spec = model if isinstance(model, str) else None
+        if spec is not None:
+            import torch
+
+            from mirrorsd.models import load_model
+
+            with phases.phase("load", spec):
+                model, tokenizer = load_model(spec, torch.device("cpu"), torch.float32, progress)
+        if tokenizer is None:
+            raise ConfigError("an in-memory model needs its tokenizer", "export_draft(model, out, tokenizer=tok)")
+        manifest = _export(model, tokenizer, spec, Path(out), role, fmt, profile, precision, quant, max_context,
+                           prefill_chunk, phases)
+        if validate:
+            from mirrorsd.exporters.validate import validate_export
+
+            with phases.phase("validate", "against PyTorch on the CPU provider"):
+                manifest["validation"] = validate_export(out, model=model, tokenizer=tokenizer, limits=limits or Limits())
+        else:
+            phases.skip("validate", "not asked")
+    manifest["phase_seconds"] = dict(phases.seconds)
+    write_manifest(Path(out), manifest)
+    return manifest
+
+
+def _prepare(out: Path) -> None:
+    """An empty `out`: an earlier export there is replaced, anything else is refused."""
     from mirrorsd.export_format import MANIFEST
-    from mirrorsd.exporters.manifest import tool_versions, write_manifest
-    from mirrorsd.runtime.backends import eos_ids
-    from mirrorsd.tokenizer_check import tokenizer_fingerprint
 
-    spec = model if isinstance(model, str) else None
-    if spec is not None:
-        import torch
-
-        from mirrorsd.models import load_model
-
-        model, tokenizer = load_model(spec, torch.device("cpu"), torch.float32, progress)
-    if tokenizer is None:
-        raise ConfigError("an in-memory model needs its tokenizer", "export_draft(model, out, tokenizer=tok)")
-    check_supported(model.config)
-    out = Path(out)
     if out.exists():
         if any(out.iterdir()) and not (out / MANIFEST).is_file():
             raise ExportError(f"{out} exists and is not an earlier export", "pick an empty or new --out folder")
         shutil.rmtree(out)
     out.mkdir(parents=True)
+
+
+def _graphs(model, out: Path, fmt: str, profile: str, max_context: int, prefill_chunk: int, precision: str,
+            quant: str, prompts: list[list[int]], phases: PhaseLog) -> tuple[dict, dict]:
+    if fmt == "onnx":
+        from mirrorsd.exporters.onnx_export import OPSET, export_onnx_graphs
+
+        graphs = export_onnx_graphs(model, out, profile, max_context, prefill_chunk, precision, quant, prompts, phases)
+        return graphs, {"opset": OPSET, "io": _onnx_io(model_dims(model.config), graphs, profile, max_context)}
+    from mirrorsd.exporters.coreml_export import export_coreml
+
+    with phases.phase("export", "Core ML mlprogram"):
+        result = export_coreml(model, out, max_context, quant)
+    phases.skip("quantize", "done in the Core ML conversion" if quant != "none" else "fp16 weights (Core ML)")
+    return result
+
+
+def _export(model, tokenizer, spec: str | None, out: Path, role: str, fmt: str, profile: str, precision: str,
+            quant: str, max_context: int, prefill_chunk: int, phases: PhaseLog) -> dict:
+    """Write the graphs, the tokenizer and the manifest (no validation yet); returns the manifest."""
+    from mirrorsd.exporters.decoder import check_supported
+    from mirrorsd.exporters.manifest import tool_versions
+    from mirrorsd.runtime.backends import eos_ids
+    from mirrorsd.tokenizer_check import tokenizer_fingerprint
+
+    check_supported(model.config)
+    _prepare(out)
     max_context = min(max_context, int(getattr(model.config, "max_position_embeddings", max_context) or max_context))
     dims = model_dims(model.config)
     source = _source(spec)
     t0 = time.perf_counter()
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
     try:
-        if fmt == "onnx":
-            from mirrorsd.exporters.onnx_export import OPSET, export_onnx_graphs
-
-            graphs = export_onnx_graphs(model, out, profile, max_context, prefill_chunk, precision, quant, prompts)
-            extra = {"opset": OPSET, "io": _onnx_io(dims, graphs, profile, max_context)}
-        else:
-            from mirrorsd.exporters.coreml_export import export_coreml
-
-            graphs, extra = export_coreml(model, out, max_context, quant)
+        graphs, extra = _graphs(model, out, fmt, profile, max_context, prefill_chunk, precision, quant, prompts, phases)
         tokenizer.save_pretrained(out / TOKENIZER_DIR)  # a verifier export is loaded without its source model
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)  # no half-written export left behind
@@ -135,12 +175,7 @@ def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str | None 
         "tools": tool_versions(), "export_seconds": round(time.perf_counter() - t0, 1),
         "exported_on": platform.platform(), **extra,
     }
-    write_manifest(out, manifest)
-    if validate:
-        from mirrorsd.exporters.validate import validate_export
-
-        manifest["validation"] = validate_export(out, model=model, tokenizer=tokenizer)
-        write_manifest(out, manifest)
+    write_manifest(out, manifest)  # validation reads it
     return manifest
 
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import warnings
 from pathlib import Path
 
 import torch
 
 from mirrorsd.export_format import block_mask, io_names
 from mirrorsd.exporters.decoder import ExplicitCacheDecoder
+from mirrorsd.exporters.phases import PhaseLog
 
 OPSET = 18
 
@@ -46,8 +46,7 @@ def export_graph(decoder: ExplicitCacheDecoder, path: Path, block: int | None, c
         T, P, PT = (torch.export.Dim.DYNAMIC,) * 3
         dynamic = ({1: T}, {1: T}, {2: T, 3: PT}, tuple({2: P} for _ in range(2 * dims["layers"])))
     path.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
+    with torch.no_grad():  # (its warnings: exporters.phases.quiet_tools)
         program = torch.onnx.export(decoder, args, dynamo=True, opset_version=OPSET, input_names=inputs,
                                     output_names=outputs, dynamic_shapes=dynamic, optimize=True, verbose=False)
     program.save(str(path), external_data=True)
@@ -80,17 +79,6 @@ def quantize_dynamic_int8(src: Path, dst: Path) -> None:
 
     quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
                      op_types_to_quantize=["MatMul", "Gemm"], use_external_data_format=True)
-
-
-def quiet_tools() -> None:
-    """Keep onnxruntime's quantizer (which sets the root logger to INFO on import: thousands of lines per
-    export) and torch.onnx's registration warnings out of the output; MIRRORSD_VERBOSE=1 keeps them."""
-    import logging
-
-    if os.environ.get("MIRRORSD_VERBOSE"):
-        return
-    for name in ("onnxruntime", "torch.onnx", "torch.onnx._internal.exporter._registration"):
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def quantize_int4(src: Path, dst: Path, block_size: int = 32) -> None:
@@ -151,34 +139,52 @@ def remove_graph(path: Path) -> None:
 
 
 def export_onnx_graphs(model, out: Path, profile: str, max_context: int, prefill_chunk: int, precision: str,
-                       quant: str, calibration_prompts: list[list[int]]) -> dict[str, dict]:
-    """Write the graphs of one export into `out`; returns {graph name: {"file", "block"}}."""
-    quiet_tools()
-    decoder = ExplicitCacheDecoder(model.float())
+                       quant: str, calibration_prompts: list[list[int]], phases: PhaseLog | None = None) -> dict[str, dict]:
+    """Write the graphs of one export into `out` (phases "export", then "quantize"); returns
+    {graph name: {"file", "block"}}."""
+    phases = phases or PhaseLog()
     blocks = graph_blocks(profile, prefill_chunk)
     raw = out / "fp32"
-    graphs: dict[str, dict] = {}
-    for name, block in blocks.items():
-        export_graph(decoder, raw / f"{name}.onnx", block, max_context if profile == "npu" else None)
-    calibration = None
-    if quant == "int8" and profile == "npu":
-        from mirrorsd.runtime.backends.onnx_lm import calibration_feeds
+    with phases.phase("export", f"{len(blocks)} graph(s), {profile} profile, opset {OPSET}"):
+        decoder = ExplicitCacheDecoder(model.float())
+        for name, block in blocks.items():
+            export_graph(decoder, raw / f"{name}.onnx", block, max_context if profile == "npu" else None)
+    if quant == "none" and precision == "fp32":
+        phases.skip("quantize", "fp32 weights kept")
+        graphs = _convert(raw, out, blocks, lambda src, dst, name: _move_graph(src, dst))
+    else:
+        with phases.phase("quantize", f"quant {quant}" if quant != "none" else precision):
+            calibration = None
+            if quant == "int8" and profile == "npu":
+                from mirrorsd.runtime.backends.onnx_lm import calibration_feeds
 
-        calibration = calibration_feeds(raw, blocks, max_context, decoder.dims, calibration_prompts)
-    for name, block in blocks.items():
-        src, dst = raw / f"{name}.onnx", out / f"{name}.onnx"
-        if quant == "none" and precision == "fp32":
-            remove_graph(dst)
-            shutil.move(src, dst)
-            shutil.move(raw / (src.name + ".data"), out / (dst.name + ".data"))
-        elif quant == "none":
-            to_fp16(src, dst)
-        elif quant == "int4":
-            quantize_int4(src, dst)
-        elif profile == "npu":
-            quantize_qdq_int8(src, dst, calibration[name])
-        else:
-            quantize_dynamic_int8(src, dst)
-        graphs[name] = {"file": dst.name, "block": block}
+                calibration = calibration_feeds(raw, blocks, max_context, decoder.dims, calibration_prompts)
+            graphs = _convert(raw, out, blocks, _converter(quant, profile, calibration))
     shutil.rmtree(raw, ignore_errors=True)
     return graphs
+
+
+def _convert(raw: Path, out: Path, blocks: dict, convert) -> dict[str, dict]:
+    graphs = {}
+    for name, block in blocks.items():
+        dst = out / f"{name}.onnx"
+        convert(raw / f"{name}.onnx", dst, name)
+        graphs[name] = {"file": dst.name, "block": block}
+    return graphs
+
+
+def _move_graph(src: Path, dst: Path) -> None:
+    remove_graph(dst)
+    shutil.move(src, dst)
+    shutil.move(src.parent / (src.name + ".data"), dst.parent / (dst.name + ".data"))
+
+
+def _converter(quant: str, profile: str, calibration: dict | None):
+    """(src, dst, graph name) -> None: the fp16 conversion or quantization the options ask for."""
+    if quant == "none":
+        return lambda src, dst, name: to_fp16(src, dst)
+    if quant == "int4":
+        return lambda src, dst, name: quantize_int4(src, dst)
+    if profile == "npu":
+        return lambda src, dst, name: quantize_qdq_int8(src, dst, calibration[name])
+    return lambda src, dst, name: quantize_dynamic_int8(src, dst)

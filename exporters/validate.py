@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,14 @@ from mirrorsd.errors import ExportError
 ATOL = 1e-4
 TOP1_MIN = 0.99
 CONTINUATION = 64
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The pass thresholds (`mirrorsd export --atol / --min-top1`)."""
+
+    atol: float = ATOL  # fp32 exports: largest |logit difference| from PyTorch
+    top1_min: float = TOP1_MIN  # fp16 / quantized exports: least top-1 agreement with PyTorch
 
 
 def _reference(manifest: dict, model, tokenizer):
@@ -44,8 +53,9 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
 
 
 def validate_export(folder: str | Path, model=None, tokenizer=None, target=None, provider: str = "cpu",
-                    continuation: int = CONTINUATION) -> dict:
-    """Compare an export with its PyTorch model; returns the report (report["passed"] says it all)."""
+                    continuation: int = CONTINUATION, limits: Limits = Limits()) -> dict:
+    """Compare an export with its PyTorch model; returns the report: report["passed"] says it all,
+    report["checks"] says which check measured what against which threshold."""
     from mirrorsd.exporters.export import PROMPTS
     from mirrorsd.export_format import read_manifest
 
@@ -56,7 +66,9 @@ def validate_export(folder: str | Path, model=None, tokenizer=None, target=None,
 
         spec = check_coreml_spec(folder, manifest)
         if platform.system() != "Darwin":
-            return {"spec": spec, "passed": spec["ok"],
+            check = _check("Core ML spec", "; ".join(spec["problems"]) or "as the manifest says",
+                           "inputs, states, outputs as the manifest says", spec["ok"])
+            return {"spec": spec, "passed": spec["ok"], "checks": [check],
                     "numerics": "skipped: Core ML runs predictions only on macOS (spec checked instead)"}
     model, tokenizer = _reference(manifest, model, tokenizer)
     from mirrorsd.runtime.backends.exported import load_export_lm
@@ -87,10 +99,10 @@ def validate_export(folder: str | Path, model=None, tokenizer=None, target=None,
         "provider": lm.backend, "prompts": len(PROMPTS), "continuation": continuation,
         "max_abs_logit_diff": max(diffs), "top1_agreement": float(np.mean(top1)), "mean_kl": float(np.mean(kls)),
         "greedy_equal": f"{greedy_equal}/{len(PROMPTS)}",
-        "criteria": f"max |logit diff| <= {ATOL}" if exact else f"top-1 >= {TOP1_MIN:.0%} and greedy equal",
+        "criteria": f"max |logit diff| <= {limits.atol:g}" if exact else f"top-1 >= {limits.top1_min:.0%} and greedy equal",
     }
-    report["passed"] = bool(max(diffs) <= ATOL if exact else
-                            (report["top1_agreement"] >= TOP1_MIN and greedy_equal == len(PROMPTS)))
+    report["checks"] = _checks(report, exact, limits, greedy_equal == len(PROMPTS))
+    report["passed"] = all(c["passed"] for c in report["checks"])
     if manifest.get("role", "draft") == "draft":  # a verifier export is the target: no draft acceptance
         report["acceptance_rate"] = _acceptance(lm, manifest, target or model, tokenizer)
     return report
@@ -109,3 +121,18 @@ def _acceptance(lm, manifest: dict, target, tokenizer) -> float | None:
         room = min(CONTINUATION, manifest["max_context"] - len(prompt) - 1)
         replay_acceptance(drafter, prompt, greedy_continuation(verifier, prompt, room), 4, counts)
     return counts.acceptance_rate
+
+
+def _check(name: str, measured, threshold: str, passed: bool) -> dict:
+    return {"check": name, "measured": measured, "threshold": threshold, "passed": bool(passed)}
+
+
+def _checks(report: dict, exact: bool, limits: Limits, greedy_equal: bool) -> list[dict]:
+    """What passing means: fp32 matches PyTorch's logits; fp16 and quantized exports pick PyTorch's top-1
+    token (they round the weights, so the logits move) and continue greedily alike."""
+    if exact:
+        diff = report["max_abs_logit_diff"]
+        return [_check("max |logit diff|", diff, f"<= {limits.atol:g}", diff <= limits.atol)]
+    top1 = report["top1_agreement"]
+    return [_check("top-1 agreement", top1, f">= {limits.top1_min:g}", top1 >= limits.top1_min),
+            _check("greedy equal", report["greedy_equal"], f"{report['prompts']}/{report['prompts']}", greedy_equal)]

@@ -22,6 +22,7 @@ from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.runtime.decode.pipeline import pipelined_decode
 from mirrorsd.runtime.decode.sequential import speculative_decode
 from mirrorsd.runtime.decode.threads import cpu_draft_threads, overlap_threads, shares_cpu
+from mirrorsd.runtime.drafters.chain import ChainDrafter
 from mirrorsd.runtime.drafters.factory import fallback_for, make_drafter
 from mirrorsd.runtime.timeline import Timeline
 from mirrorsd.structured import GrammarConstraint, Grammars, grammar_text
@@ -241,7 +242,8 @@ class Engine:
             budget = min(cfg.max_new_tokens, self.verifier.max_context - len(ids))
             mode = self.pipeline_mode(cfg)
             timeline = Timeline()
-            recorder = StatsRecorder(len(ids), timeline, mode, self.verifier.backend)
+            chain = tuple(d.name for d in self.drafter.drafters) if isinstance(self.drafter, ChainDrafter) else ()
+            recorder = StatsRecorder(len(ids), timeline, mode, self.verifier.backend, chain)
             text = _TextAssembler(self.tokenizer, cfg.stop)
             tokens: list[int] = []
             from_draft: list[bool] = []

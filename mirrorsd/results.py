@@ -10,6 +10,9 @@ if TYPE_CHECKING:
     from mirrorsd.contracts import TokenLogprob
 
 
+_CHAIN = object()  # the key a chain's members are counted under together (no source can be named so)
+
+
 @dataclass(frozen=True)
 class GenerationStats:
     """Speculation statistics of one request (a snapshot; events carry the running one)."""
@@ -25,7 +28,8 @@ class GenerationStats:
     total_time_s: float = 0.0
     per_position_drafted: tuple[int, ...] = ()
     per_position_accepted: tuple[int, ...] = ()
-    drafters: dict[str, int] = field(default_factory=dict)  # source -> verify steps it served
+    drafters: dict[str, int] = field(default_factory=dict)  # source -> verify steps it served ("none": plain)
+    chain: tuple[str, ...] = ()  # the members' sources when the engine drafts with a chain (they share its steps)
     fallbacks: tuple[str, ...] = ()  # drafters dropped during the request, with the reason
     pipeline: str = "sequential"  # the mode that ran: sequential, overlap or branches
     backend: str = ""  # the target's model backend and device: "torch:cpu", "llamacpp:cpu", "llamacpp:gpu", ...
@@ -72,10 +76,29 @@ class GenerationStats:
         return self.branch_hits / tried if tried else None
 
     @property
+    def drafter_shares(self) -> dict[str, float]:
+        """Share of verify steps each source served, largest first; "none" is a plain decode step
+        (nothing drafted), so the shares add up to 1 and say how much the drafters really served."""
+        total = sum(self.drafters.values())
+        ranked = sorted(self.drafters.items(), key=lambda kv: (-kv[1], kv[0]))
+        return {source: round(n / total, 3) for source, n in ranked} if total else {}
+
+    @property
     def drafter(self) -> str:
-        """The drafter that served most steps ("none" if no step was drafted)."""
-        drafted = {k: v for k, v in self.drafters.items() if k != "none"}
-        return max(drafted, key=drafted.get) if drafted else "none"
+        """What served most verify steps: a drafter's source, "none" when plain steps were the most, or for
+        a chain whose members together served most, "chain(ngram 60%, retrieval 40%)" (shares of its steps).
+        On a tie a drafter wins over "none". `drafters` keeps the per-source step counts."""
+        served: Counter[str] = Counter()
+        for source, n in self.drafters.items():
+            served[_CHAIN if source in self.chain else source] += n
+        if not served:
+            return "none"
+        top = max(served, key=lambda s: (served[s], s != "none"))
+        return self._chain_name(served[_CHAIN]) if top == _CHAIN else top
+
+    def _chain_name(self, steps: int) -> str:
+        shares = ", ".join(f"{m} {self.drafters.get(m, 0) / steps:.0%}" for m in self.chain)
+        return f"chain({shares})"
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -85,6 +108,7 @@ class GenerationStats:
             mean_accepted_length=self.mean_accepted_length,
             per_position_acceptance=self.per_position_acceptance,
             drafter=self.drafter,
+            drafter_shares=self.drafter_shares,
             hidden_draft_share=self.hidden_draft_share,
             draft_idle_s=self.draft_idle_s,
             verify_idle_s=self.verify_idle_s,
@@ -96,8 +120,10 @@ class GenerationStats:
 class StatsRecorder:
     """Accumulates Steps (and the request's timeline of draft/verify work) into GenerationStats."""
 
-    def __init__(self, prompt_tokens: int, timeline=None, pipeline: str = "sequential", backend: str = "") -> None:
+    def __init__(self, prompt_tokens: int, timeline=None, pipeline: str = "sequential", backend: str = "",
+                 chain: tuple[str, ...] = ()) -> None:
         self.prompt_tokens = prompt_tokens
+        self.chain = chain
         self.timeline = timeline
         self.pipeline = pipeline
         self.backend = backend
@@ -146,6 +172,7 @@ class StatsRecorder:
             per_position_drafted=tuple(self.pos_drafted),
             per_position_accepted=tuple(self.pos_accepted),
             drafters=dict(self.drafters),
+            chain=self.chain,
             fallbacks=tuple(self.fallbacks),
             pipeline=self.pipeline,
             backend=self.backend,

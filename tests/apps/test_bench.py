@@ -182,3 +182,44 @@ def test_llamacpp_rows_on_the_catalog_gguf(tmp_path):
     assert {p["ours"] for p in report["ours_vs_peers"]} == {CPP_TARGET_ONLY, "n-gram, llama.cpp (ours)"}
     assert "target (llama.cpp)" in report["models"] and (tmp_path / "report.md").is_file()
     assert CPP_TARGET_ONLY in report["settings"]["near_tie_tolerance"]
+
+
+def test_ctrl_c_writes_a_partial_report_of_the_finished_prompts_and_exits_130(tmp_path, tokenizer):
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    folder, out, prompts = tmp_path / "tiny", tmp_path / "o", tmp_path / "p.jsonl"
+    make_model(tokenizer, seed=0, sharpness=30.0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    prompts.write_text("".join(json.dumps({"text": f"def f{i}(x):\n    return x + {i}"}) + "\n" for i in range(200)))
+    args = ["bench", "--target", str(folder), "--prompts", str(prompts), "--datastore", "none", "--only",
+            "n-gram (ours)", "--repeats", "1", "--max-new-tokens", "32", "--out", str(out)]
+    # Python's own Ctrl-C handler in the child, also where this test runs as a background job of a
+    # non-interactive shell (the child would inherit SIGINT ignored).
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            f"sys.argv = ['mirrorsd', *{args!r}]; from mirrorsd.apps.cli import main; main()")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
+    seen = []
+    try:
+        for line in child.stderr:  # 2 configurations x 1 repeat: run 2 finishes the first prompt
+            seen.append(line)
+            if re.match(r"\[2/400\] .* ETA \d\d:\d\d$", line.strip()):
+                child.send_signal(signal.SIGINT)
+                break
+        stdout, rest = child.communicate(timeout=240)
+    finally:
+        child.kill()
+    stderr = "".join(seen) + rest
+    assert child.returncode == 130, stderr
+    assert re.search(r"interrupted: partial report \((\d+) of 200 prompts\) written to .*report\.json", stderr), stderr
+    report = json.loads((out / "report.json").read_text())
+    done = len(report["prompts"])
+    assert report["partial"] is True and 1 <= done < 200
+    assert report["interrupted"] == f"interrupted (Ctrl-C) after {done} of 200 prompts"
+    assert [r["configuration"] for r in report["rows"]] == ["target only (ours)", "n-gram (ours)"]
+    assert all(r["tokens_per_second"] > 0 and r["greedy_equal_to_target_only"] for r in report["rows"])
+    assert (out / "report.md").read_text().startswith(f"**Partial report: interrupted (Ctrl-C) after {done} of 200")

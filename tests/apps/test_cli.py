@@ -16,7 +16,10 @@ def test_generate_json_on_a_local_folder_matches_target_only(tiny_folder):
     assert a["token_ids"] == b["token_ids"] and len(a["token_ids"]) >= 1
     for key in ("tokens_per_second", "acceptance_rate", "mean_accepted_length", "verify_steps", "drafter"):
         assert key in a["stats"]
-    assert b["stats"]["drafter"] == "none"
+    assert b["stats"]["drafter"] == "none" and b["stats"]["drafter_shares"] == {"none": 1.0}
+    shares = a["stats"]["drafter_shares"]  # steps per source, plain steps as "none"
+    assert set(shares) == set(a["stats"]["drafters"]) and abs(sum(shares.values()) - 1) < 0.01
+    assert a["stats"]["drafter"] == max(shares, key=lambda k: (shares[k], k != "none"))
 
 
 def test_bad_arguments_give_a_message_not_a_traceback(tiny_folder):
@@ -45,7 +48,7 @@ def test_default_generate_runs_offline_on_smollm2():
     out = run("generate", "--max-new-tokens", "16", "--json", "Say hello.")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert result["text"] and result["stats"]["drafter"] in ("ngram", "retrieval", "none")  # auto: the chain
+    assert result["text"] and result["stats"]["drafter"].startswith(("chain(ngram ", "none"))  # auto: the chain
     assert result["stats"]["backend"] == "llamacpp:cpu"  # auto: the catalog's GGUF on llama.cpp
 
 

@@ -53,6 +53,7 @@ def test_chat_completion_matches_the_engine_and_carries_stats(client, engine):
     for key in ("tokens_per_second", "acceptance_rate", "mean_accepted_length", "drafter", "verify_steps"):
         assert key in spec
     assert spec["generated_tokens"] == len(expected.token_ids)
+    assert spec["drafter_shares"] == expected.stats.drafter_shares and spec["drafter"] == expected.stats.drafter
 
 
 def test_chat_completion_streams_the_same_text(client, engine):

@@ -1,0 +1,53 @@
+"""`stats.drafter` names what served most verify steps ("none" for plain steps, a chain with its members'
+shares); `stats.drafters` keeps the per-source step counts and `drafter_shares` their shares."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import PROMPTS
+from mirrorsd import Engine, GenerationConfig
+from mirrorsd.results import GenerationStats
+from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter
+
+
+@pytest.mark.parametrize("drafters, chain, name", [
+    ({"ngram": 4, "none": 8}, (), "none"),  # plain steps served 8 of 12: not "ngram"
+    ({"ngram": 8, "none": 4}, (), "ngram"),
+    ({"ngram": 6, "none": 6}, (), "ngram"),  # a tie goes to the drafter
+    ({}, (), "none"),
+    ({"ngram": 3, "retrieval": 2, "none": 4}, ("ngram", "retrieval"), "chain(ngram 60%, retrieval 40%)"),
+    ({"ngram": 1, "none": 4}, ("ngram", "retrieval"), "none"),
+    ({"onnx:CPU": 5, "ngram": 2, "none": 1}, (), "onnx:CPU"),  # a model drafter, then its fallback
+])
+def test_drafter_names_what_served_most_steps(drafters, chain, name):
+    stats = GenerationStats(verify_steps=sum(drafters.values()), drafters=drafters, chain=chain)
+    assert stats.drafter == name
+    assert stats.drafters == drafters  # the per-source record is unchanged
+
+
+def test_drafter_shares_are_shares_of_verify_steps_largest_first():
+    stats = GenerationStats(verify_steps=12, drafters={"ngram": 4, "none": 8})
+    assert list(stats.drafter_shares.items()) == [("none", 0.667), ("ngram", 0.333)]
+    d = stats.to_dict()
+    assert d["drafter"] == "none" and d["drafter_shares"] == {"none": 0.667, "ngram": 0.333}
+    assert GenerationStats().drafter_shares == {}
+
+
+def test_a_chain_reports_itself_with_its_members_shares(target_model, tokenizer, datastore):
+    engine = Engine(target_model, tokenizer, ChainDrafter(NGramDrafter(), RetrievalDrafter(datastore)))
+    engine.eos_ids = frozenset()
+    s = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=60)).stats
+    served = {m: s.drafters.get(m, 0) for m in ("ngram", "retrieval")}
+    assert s.chain == ("ngram", "retrieval") and sum(served.values()) > s.drafters.get("none", 0), s.drafters
+    total = sum(served.values())
+    assert s.drafter == "chain(" + ", ".join(f"{m} {n / total:.0%}" for m, n in served.items()) + ")"
+    shares = s.to_dict()["drafter_shares"]
+    assert shares == {k: round(v / s.verify_steps, 3) for k, v in sorted(s.drafters.items(), key=lambda kv: -kv[1])}
+    assert abs(sum(shares.values()) - 1) < 0.01
+
+
+def test_a_single_drafter_is_not_named_a_chain(target_model, tokenizer):
+    s = Engine(target_model, tokenizer, NGramDrafter()).generate(PROMPTS[0], GenerationConfig(max_new_tokens=30)).stats
+    assert s.chain == () and s.drafter in ("ngram", "none")
+    assert s.drafter == max(s.drafters, key=lambda k: (s.drafters[k], k != "none"))
