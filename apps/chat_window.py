@@ -276,7 +276,7 @@ class ChatWindow(QMainWindow):
         """After every finished turn: a crash or a closed window loses at most the reply in flight."""
         self.conversation.messages = list(self.session.messages)
         self.conversation.system = self.session.settings.system
-        self.conversation.model = getattr(self.session.engine, "name", "")
+        self.conversation.model = self.session.engine.name if self.session.engine is not None else ""
         try:
             self.store.save(self.conversation)
         except OSError as exc:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from mirrorsd.config import SamplingParams
+from mirrorsd.contracts import TokenLogprob
 
 
 def apply_repetition_penalty(
@@ -91,3 +92,17 @@ def sample_categorical(probs: np.ndarray, rng: np.random.Generator) -> int:
     cdf = np.cumsum(probs, dtype=np.float64)
     u = rng.random() * cdf[-1]
     return int(min(np.searchsorted(cdf, u, side="right"), len(cdf) - 1))
+
+
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> tuple[TokenLogprob, ...]:
+    """The target's log-probabilities of the committed tokens and of the `top` likeliest alternatives at each
+    position. Row i of logits [k+1, V] is the distribution tokens[i] was chosen from; these are the raw model's
+    (before penalties, temperature and grammar masks), as vLLM reports them by default."""
+    logp = torch.log_softmax(logits[: len(tokens)].float(), dim=-1)  # [n, V]
+    chosen = logp.gather(1, torch.as_tensor(tokens, device=logp.device).unsqueeze(1)).squeeze(1).tolist()
+    if top > 0:
+        values, ids = torch.topk(logp, top, dim=-1)
+        alternatives = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    else:
+        alternatives = [()] * len(tokens)
+    return tuple(TokenLogprob(lp, alt) for lp, alt in zip(chosen, alternatives))

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, Step, TokenLogprob
@@ -25,6 +24,7 @@ from mirrorsd.runtime.decode.schedule import make_schedule
 from mirrorsd.runtime.decode.threads import leave_signals_to_the_main_thread
 from mirrorsd.runtime.timeline import DRAFT, VERIFY, Timeline
 from mirrorsd.rejection import verify
+from mirrorsd.sampling import token_logprobs
 from mirrorsd.structured import GrammarConstraint, apply_masks
 
 log = logging.getLogger("mirrorsd")
@@ -224,20 +224,6 @@ def make_step(draft: Draft, outcome: Outcome, draft_seconds: float, fault: str |
               branch: str | None = None) -> Step:
     return Step(outcome.tokens, len(draft.tokens), outcome.n_accepted, draft.source if draft.tokens else "none",
                 draft_seconds, outcome.seconds, fault, branch, outcome.logprobs)
-
-
-def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> tuple[TokenLogprob, ...]:
-    """The target's log-probabilities of the committed tokens and of the `top` likeliest alternatives at each
-    position. Row i of logits [k+1, V] is the distribution tokens[i] was chosen from; these are the raw model's
-    (before penalties, temperature and grammar masks), as vLLM reports them by default."""
-    logp = torch.log_softmax(logits[: len(tokens)].float(), dim=-1)  # [n, V]
-    chosen = logp.gather(1, torch.as_tensor(tokens, device=logp.device).unsqueeze(1)).squeeze(1).tolist()
-    if top > 0:
-        values, ids = torch.topk(logp, top, dim=-1)
-        alternatives = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
-    else:
-        alternatives = [()] * len(tokens)
-    return tuple(TokenLogprob(lp, alt) for lp, alt in zip(chosen, alternatives))
 
 
 def drop_message(drafter: Drafter, exc: Exception) -> str:
