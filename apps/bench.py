@@ -17,14 +17,14 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.bench_configs import (CONFIGS, CPP_TARGET_ONLY, ONNX_TARGET_ONLY, TARGET_ONLY, BenchConfig,
-                                         BenchContext, Output, measure_memory)
+from mirrorsd.apps.bench_configs import (CONFIGS, CPP_TARGET_ONLY, ONNX_TARGET_ONLY, PINNED, TARGET_ONLY,
+                                         BenchConfig, BenchContext, Output, measure_memory)
 from mirrorsd.apps.prompt_suite import CATEGORIES, BenchPrompt, bundled_suite, load_workload
 from mirrorsd.errors import ConfigError
 
@@ -55,6 +55,7 @@ class BenchOptions:
     dtype: str = "float32"
     out: str = "bench-out"
     only: tuple[str, ...] = ()  # configuration names to run (with their target-only references); empty = all
+    pin_devices: bool = False  # separate compute simulated: verify side on one core, draft side on another
 
 
 def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, datastore="default",
@@ -66,6 +67,9 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
     console = Console(stderr=True)
     if opts.repeats < 1 or opts.max_new_tokens < 1 or opts.per_category < 1:
         raise ConfigError("--repeats, --max-new-tokens and --per-category must be >= 1", "e.g. --repeats 2")
+    if opts.pin_devices and not opts.only:
+        opts = replace(opts, only=tuple(PINNED))
+    pins = pin_cores() if opts.pin_devices else None
     chosen = _choose(configs if configs is not None else list(CONFIGS), opts)
     memory: dict[str, float] = {}
     if engine is None and any(c.reference == TARGET_ONLY for c in chosen):  # a torch row is to run
@@ -86,8 +90,10 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
                 use_onednn_linear(draft_lm)
                 draft_lm(torch.tensor([[0, 1, 2]], device=device))  # touch the lazily loaded weights
             check_tokenizers_match(engine.tokenizer, draft_tokenizer, opts.target, opts.draft_model)
+    if pins is not None and engine is not None:
+        engine.pin_cores = pins  # every row on the torch target runs pinned (with_drafter keeps it)
     ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model, datastore, opts.draft_export,
-                       opts.verifier_export, memory)
+                       opts.verifier_export, memory, draft_threads=1 if pins else None)
     prompts = load_workload(opts.prompts_file) if opts.prompts_file else bundled_suite(opts.per_category)
     if ctx.any_engine is None:
         raise ConfigError("none of the chosen configurations can run here", "see `mirrorsd bench --help`")
@@ -242,6 +248,19 @@ def _eta(elapsed: float, done: int, total: int) -> str:
     return f"{left // 60:02d}:{left % 60:02d}"
 
 
+def pin_cores():
+    """The first two usable cores: the verify side on one, the draft side on the other."""
+    import os
+
+    from mirrorsd.runtime.decode.threads import CorePins
+
+    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(usable) < 2:
+        raise ConfigError("--pin-devices needs two usable cores and per-thread affinity (Linux)",
+                          f"usable cores here: {usable}")
+    return CorePins(usable[0], usable[1])
+
+
 def _choose(chosen: list[BenchConfig], opts: BenchOptions) -> list[BenchConfig]:
     """The configurations to run: all, or those --only names with their reference rows."""
     if not opts.only:
@@ -354,6 +373,9 @@ def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -
         "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "settings": {"per_category": opts.per_category, "prompts_file": opts.prompts_file,
                      "max_new_tokens": opts.max_new_tokens, "repeats": opts.repeats, "k": opts.k,
+                     "pin_devices": opts.pin_devices,
+                     "pinning": ("separate compute, simulated: the verify side on one core and the draft side on "
+                                 "another, one compute thread each, in every mode") if opts.pin_devices else None,
                      "statistic": "median over repeats per prompt; tok/s = sum of tokens / sum of median seconds"},
         "machine": machine_info(),
         "models": _models(ctx, opts),

@@ -62,6 +62,7 @@ class BenchContext:
     draft_export: str | None = None  # an export folder (`mirrorsd export`) for the exported-draft rows
     verifier_export: str | None = None  # a `mirrorsd export --role verifier` folder of the target: ONNX rows
     memory_mb: dict[str, float] = field(default_factory=dict)  # resident memory each model added when loaded
+    draft_threads: int | None = None  # llama.cpp threads of the GGUF draft (1 under --pin-devices; None: all)
 
     @cached_property
     def cpp_engine(self) -> Engine | None:
@@ -110,7 +111,13 @@ class BenchContext:
         if self.draft_name is None or not llamacpp_installed() or not is_gguf(self.draft_name):
             return None
         with measure_memory(self.memory_mb, "draft (llama.cpp)"):
-            lm = load_lm(self.draft_name, "llamacpp", progress=True).lm
+            if self.draft_threads is None:
+                lm = load_lm(self.draft_name, "llamacpp", progress=True).lm
+            else:  # pinned to one core: one compute thread
+                from mirrorsd.models import resolve_gguf
+                from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM
+
+                lm = LlamaCppLM(resolve_gguf(self.draft_name, True)[0], threads=self.draft_threads, gpu_layers=0)
             lm.score([0, 1, 2])
             lm.reset()
         return lm
@@ -291,6 +298,15 @@ for _mode in ("sequential", "overlap", "branches"):  # the same draft exported (
     register(BenchConfig(f"exported draft, {_mode} (ours)",
                          lambda ctx, mode=_mode: ours(ctx, ctx.export_drafter, pipeline=mode)
                          if ctx.draft_export is not None else None, needs=_EXPORT, memory=("target", "draft export")))
+for _mode in ("sequential", "overlap", "branches"):  # the GGUF draft on llama.cpp beside the torch target
+    register(BenchConfig(f"GGUF draft on llama.cpp, {_mode} (ours)",
+                         lambda ctx, mode=_mode: ours(ctx, ModelDrafter(ctx.cpp_draft_lm), pipeline=mode)
+                         if ctx.cpp_draft_lm is not None else None, needs="a GGUF draft model and llama-cpp-python",
+                         memory=("target", "draft (llama.cpp)")))
+PINNED = [TARGET_ONLY] + [f"{row}, {mode} (ours)" for row in ("draft model", "exported draft", "GGUF draft on llama.cpp")
+                          for mode in ("sequential", "overlap", "branches")]
+"""The rows of `bench --pin-devices`: target-only and each draft in every pipeline mode, all on the torch
+target, the verify side pinned to one core and the draft side to another (separate compute, simulated)."""
 register(BenchConfig("assisted generation (transformers)",
                      lambda ctx: transformers_generate(ctx, assistant_model=ctx.draft_lm) if ctx.draft_lm is not None
                      else None, peer_of="draft model, sequential (ours)", needs=_DRAFT))

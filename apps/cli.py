@@ -187,6 +187,9 @@ def bench(
                                                            "target-only reference row runs too).")] = None,
     quick: Annotated[bool, typer.Option(help="A few minutes: smollm2-135m, no draft model, 1 prompt per category, "
                                              "48 tokens, 2 repeats (explicit options still apply).")] = False,
+    pin_devices: Annotated[bool, typer.Option(help="Separate compute, simulated (Linux): the verifier on one core and "
+                                                   "the draft on another, one thread each, in every mode; runs "
+                                                   "target-only and each draft sequential / overlap / branches.")] = False,
     out: Annotated[str, typer.Option(help="Folder for report.json, report.md and the PNG plots.")] = "bench-out",
 ) -> None:
     """Every drafter, our runtime and transformers side by side on a prompt suite; report + plots."""
@@ -198,7 +201,7 @@ def bench(
                   max_new_tokens=max_new_tokens, repeats=repeats)
     if quick:
         values.update({key: val for key, val in QUICK.items() if key not in given})
-    run_bench(BenchOptions(prompts_file=prompts, k=k, dtype=dtype, only=tuple(only or ()), out=out,
+    run_bench(BenchOptions(prompts_file=prompts, k=k, dtype=dtype, only=tuple(only or ()), out=out, pin_devices=pin_devices,
                            draft_export=draft_export, verifier_export=verifier_export, **values),
               datastore=None if datastore == "none" else datastore, command=command_line())
 

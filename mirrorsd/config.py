@@ -99,10 +99,10 @@ class SpeculativeConfig:
     "branches": overlap plus Mirror-SD early exit: the verify pass publishes its layer-l_e top-kappa
     tokens and the draft worker prepares the likeliest correction branches (targets whose backend
     declares early exit; others run as "overlap");
-    "auto": "overlap" for a draft model that computes apart from the target (an NPU or GPU draft beside
-    a CPU target, a CPU or NPU draft beside a GPU target); "sequential" when both models compute on the
-    same CPU (they would split its cores, and each model runs faster on all of them: see
-    docs/measurements.md) and for model-free drafters (they draft in microseconds: nothing to hide).
+    "auto": for a draft model, the faster of "sequential" and "overlap" as a one-time calibration on the
+    request's placement measures them (runtime/decode/calibrate.py: a K-token verify pass and a draft token,
+    alone and side by side); "sequential" for model-free drafters (they draft in microseconds: nothing to
+    hide).
     Output is identical in every mode."""
 
     early_exit_layer: int | None = None

@@ -19,9 +19,10 @@ from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder
 from mirrorsd.runtime.backends import eos_ids as eos_ids_of
 from mirrorsd.runtime.backends import load_lm
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
+from mirrorsd.runtime.decode.calibrate import Costs, calibrate
 from mirrorsd.runtime.decode.pipeline import pipelined_decode
 from mirrorsd.runtime.decode.sequential import speculative_decode
-from mirrorsd.runtime.decode.threads import cpu_draft_threads, overlap_threads, shares_cpu
+from mirrorsd.runtime.decode.threads import CorePins, cpu_draft_threads, overlap_threads, pinned
 from mirrorsd.runtime.drafters.chain import ChainDrafter
 from mirrorsd.runtime.drafters.factory import fallback_for, make_drafter
 from mirrorsd.runtime.timeline import Timeline
@@ -81,6 +82,10 @@ class Engine:
     `drafter` fails mid-request. None: plain decoding takes over.
     eos_ids: token ids that end a reply (default: the tokenizer's EOS, and a transformers model's own)."""
 
+    pin_cores: CorePins | None = None
+    """Separate compute simulated on one CPU (Linux): the verify side on one core, the draft side on another,
+    one compute thread each, in every pipeline mode (`mirrorsd bench --pin-devices`). None: no pinning."""
+
     allow_control_tokens = False
     """False (default): control-token text inside a chat message stays plain text (a client cannot forge a
     turn; mirrorsd/chat_tokens.py). True: it becomes control tokens, as a plain template render does."""
@@ -99,7 +104,8 @@ class Engine:
         self.name = name
         self.eos_ids = default_eos if eos_ids is None else frozenset(eos_ids)
         self.grammars = Grammars(tokenizer, self.verifier.vocab_size, self.eos_ids)
-        self._lock = threading.Lock()
+        self.calibrations: dict[tuple, Costs] = {}
+        self._lock = threading.RLock()  # re-entered by pipeline_mode's calibration inside a request
         self.closed = False
 
     @classmethod
@@ -136,7 +142,7 @@ class Engine:
         other = Engine(self.verifier, self.tokenizer, drafter, name=self.name,
                        fallback=fallback_for(drafter) if fallback == "auto" else fallback, eos_ids=self.eos_ids)
         other._lock = self._lock  # one request at a time on the shared target
-        other.grammars = self.grammars
+        other.grammars, other.pin_cores, other.calibrations = self.grammars, self.pin_cores, self.calibrations
         return other
 
     # -- requests ---------------------------------------------------------------------------------
@@ -208,13 +214,14 @@ class Engine:
         return None if grammar is None else self.grammars.constraint(grammar)
 
     def pipeline_mode(self, cfg: GenerationConfig) -> str:
-        """The mode `cfg.pipeline` resolves to with this drafter and target (see GenerationConfig)."""
+        """The mode `cfg.pipeline` resolves to with this drafter and target (see GenerationConfig). "auto" with a
+        draft model: the mode a calibration on this placement measured faster (runtime/decode/calibrate.py;
+        the first call per drafter and placement takes a few seconds, then `calibrations` holds it)."""
         mode = cfg.pipeline
         if self.drafter is None:
             return "sequential"
-        if mode == "auto":  # overlap only where the draft computes beside the target, not on its cores
-            apart = not shares_cpu(self.verifier, self.drafter)
-            mode = "overlap" if isinstance(self.drafter, DraftModel) and apart else "sequential"
+        if mode == "auto":
+            mode = self.calibration(cfg.num_draft_tokens).mode if isinstance(self.drafter, DraftModel) else "sequential"
         early_exit = self.verifier.early_exit
         if mode == "branches" and not (early_exit is not None and cfg.branch_width > 0):
             mode = "overlap"
@@ -225,18 +232,31 @@ class Engine:
                 f"pick a layer from 1 to {early_exit.num_layers - 1}, or None for half the depth")
         return mode
 
+    def calibration(self, k: int) -> Costs:
+        """Measured costs of this draft model beside this target on this placement (cached per engine)."""
+        key = (id(self.drafter), self.pin_cores, max(1, k))
+        with self._lock:  # the models are measured: no request runs meanwhile
+            if key not in self.calibrations:
+                threads = None if self.pin_cores else overlap_threads(self.verifier, self.drafter)
+                self.calibrations[key] = calibrate(self.verifier, self.drafter, key[2], self.pin_cores, threads)
+                log.info("pipeline auto: %s", self.calibrations[key].to_dict())
+            return self.calibrations[key]
+
     def _steps(self, ids: list[int], cfg: GenerationConfig, budget: int, timeline: Timeline, mode: str,
                constraint: GrammarConstraint | None):
+        draft_core = self.pin_cores.draft if self.pin_cores else None
         if mode == "sequential":
             return speculative_decode(self.verifier, self.drafter, ids, cfg, budget, timeline, self.fallback,
-                                      constraint)
+                                      constraint, draft_core)
+        threads = None if self.pin_cores else overlap_threads(self.verifier, self.drafter)
         return pipelined_decode(self.verifier, self.drafter, ids, cfg, budget, branches=mode == "branches",
-                                fallback=self.fallback, timeline=timeline,
-                                threads=overlap_threads(self.verifier, self.drafter), constraint=constraint)
+                                fallback=self.fallback, timeline=timeline, threads=threads, constraint=constraint,
+                                draft_core=draft_core)
 
     def _run(self, ids: list[int], cfg: GenerationConfig, trace: str | None,
              constraint: GrammarConstraint | None) -> Iterator[Event]:
-        with self._lock:
+        verify_core = self.pin_cores.verify if self.pin_cores else None
+        with self._lock, pinned(verify_core, self.verifier.threads):  # pinned: the verify side is this thread
             self._check_open()
             start = time.perf_counter()
             budget = min(cfg.max_new_tokens, self.verifier.max_context - len(ids))

@@ -61,3 +61,8 @@ class ProviderError(MirrorsdError):
 
 class EngineClosedError(MirrorsdError):
     """A request on an Engine after its close() (or after its `with` block ended)."""
+
+
+class GrammarError(MirrorsdError):
+    """The structured-output grammar engine failed mid-reply (its state refused a token it had allowed, or hit a
+    resource limit): the reply stops with this error rather than leave the grammar."""

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from mirrorsd.config import SCHEMA_HINT as HINT
-from mirrorsd.errors import ConfigError
+from mirrorsd.errors import ConfigError, GrammarError
 
 
 
@@ -59,10 +59,10 @@ class Grammars:
         """A fresh matcher for `grammar`; ConfigError with llguidance's message when the grammar is invalid."""
         import llguidance
 
-        matcher = llguidance.LLMatcher(self._tokenizer(), grammar, log_level=0)
+        matcher = llguidance.LLMatcher(self._tokenizer(), grammar, log_level=0, limits=_limits())
         if matcher.is_error():
             raise ConfigError(f"the structured-output grammar is invalid: {matcher.get_error()}", HINT)
-        return GrammarConstraint(matcher, self.vocab_size)
+        return GrammarConstraint(matcher, self.vocab_size, self.eos_ids)
 
     def _tokenizer(self):
         with self._lock:
@@ -80,19 +80,34 @@ class Grammars:
             return self._lltok
 
 
+def _limits():
+    """llguidance's per-step budgets, raised: at its default lexer fuel a mask step over a 150k vocabulary inside a
+    JSON string can run out (measured on qwen2.5-coder with a schema of records), and a parser out of fuel allows
+    only end-of-sequence. A step at these limits costs at most about a second."""
+    import llguidance
+
+    return llguidance.LLParserLimits(step_lexer_fuel=10_000_000, step_max_items=500_000)
+
+
 class GrammarConstraint:
     """One request's grammar state. Not thread-safe: the verify thread alone uses it."""
 
-    def __init__(self, matcher, vocab_size: int) -> None:
-        self.matcher, self.vocab_size = matcher, vocab_size
+    def __init__(self, matcher, vocab_size: int, eos_ids: Sequence[int] = ()) -> None:
+        """eos_ids: tokens that end a reply. The matcher never consumes one: nothing follows it, and rolling a
+        matcher back over an end-of-sequence token corrupted its state (llguidance 1.9, measured)."""
+        self.matcher, self.vocab_size, self.eos = matcher, vocab_size, frozenset(eos_ids)
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
         self._synced: list[int] = []
 
     def clip(self, tokens: Sequence[int]) -> list[int]:
-        """The longest prefix of `tokens` the grammar allows from the committed state."""
+        """The longest prefix of `tokens` the grammar allows from the committed state, ending at the first
+        end-of-sequence token if it has one."""
         tokens = [int(t) for t in tokens]
         n = self.matcher.validate_tokens(tokens)
-        if n < len(tokens):  # validate_tokens stops before an end-of-sequence token even where it is allowed
+        end = next((i for i, t in enumerate(tokens[:n]) if t in self.eos), None)
+        if end is not None:
+            return tokens[:end + 1]
+        if n < len(tokens) and tokens[n] in self.eos:  # validate_tokens may stop before an allowed one
             self._consume(tokens[:n])
             allowed = bool(self._allowed()[tokens[n]])
             if n:
@@ -108,18 +123,26 @@ class GrammarConstraint:
 
     def masks(self, draft: Sequence[int]) -> torch.Tensor:
         """[k+1, V] bool: row i holds the tokens allowed after the committed tokens + draft[:i]. The draft must
-        be clipped already; the matcher is back at the committed state on return."""
+        be clipped already; the matcher is back at the committed state on return. Rows after an
+        end-of-sequence token repeat its row (they are never used: the reply ends there)."""
         rows = np.empty((len(draft) + 1, self.vocab_size), dtype=bool)
+        consumed = 0
         for i in range(len(draft) + 1):
+            if i > 0 and int(draft[i - 1]) in self.eos:
+                rows[i:] = rows[i - 1]
+                break
             rows[i] = self._allowed()
-            if i < len(draft):
+            if i < len(draft) and int(draft[i]) not in self.eos:
                 self._consume(draft[i:i + 1])
-        if draft:
-            self.matcher.rollback(len(draft))
+                consumed += 1
+        if consumed:
+            self.matcher.rollback(consumed)
         return torch.from_numpy(rows)
 
     def advance(self, tokens: Sequence[int]) -> None:
-        self._consume(tokens)
+        """The committed tokens, up to the first end-of-sequence token (the reply ends there)."""
+        ended = next((i for i, t in enumerate(tokens) if int(t) in self.eos), len(tokens))
+        self._consume(tokens[:ended])
 
     def sync(self, tokens: Sequence[int]) -> bool:
         """Move the state to after `tokens` (rolling back what differs from the last sync, as a transformers
@@ -141,7 +164,9 @@ class GrammarConstraint:
         # One at a time: consume_tokens refuses an end-of-sequence token after the grammar has completed.
         for t in tokens:
             if not self.matcher.consume_token(int(t)):
-                raise RuntimeError(f"the grammar matcher refused token {t}: {self.matcher.get_error()}")
+                raise GrammarError(f"the grammar engine refused token {t} it had allowed: "
+                                   f"{self.matcher.get_error().splitlines()[0]}",
+                                   "please report it with the schema")
 
     def _allowed(self) -> np.ndarray:
         self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)

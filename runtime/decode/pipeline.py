@@ -62,15 +62,17 @@ def pipelined_decode(
     timeline: Timeline | None = None,
     threads: tuple[int, int] | None = None,
     constraint: GrammarConstraint | None = None,
+    draft_core: int | None = None,
 ) -> Iterator[Step]:
     """Like speculative_decode (same Steps, same output), with drafting on a second worker.
 
     branches: use Mirror-SD early-exit branches when the target declares early exit.
     fallback: a cheap drafter run inline per step where it pays, and for good once the pipelined one
     is dropped (e.g. n-gram). threads: (verify, draft) CPU threads when both share the CPU.
-    constraint: the request's grammar (structured output), if any."""
+    constraint: the request's grammar (structured output), if any. draft_core: the CPU core the draft side
+    (the worker and the inline drafter) runs on (CorePins); threads is then None."""
     core = StepCore(verifier, prompt_ids, config, max_new_tokens, timeline, overlapped=True, constraint=constraint)
-    pipe = _Pipeline(core, drafter, fallback, branches, threads)
+    pipe = _Pipeline(core, drafter, fallback, branches, threads, draft_core)
     try:
         while not core.done:
             start = time.perf_counter()
@@ -92,10 +94,10 @@ class _Pipeline:
     model-free drafter, the early-exit plan and the CPU threads."""
 
     def __init__(self, core: StepCore, drafter: Drafter | None, fallback: Drafter | None, branches: bool,
-                 threads: tuple[int, int] | None) -> None:
+                 threads: tuple[int, int] | None, draft_core: int | None = None) -> None:
         config, verifier = core.config, core.verifier
-        self.core = core
-        self.inline = DraftSource(fallback, None, config, verifier.vocab_size, core.timeline)
+        self.core, self.draft_core = core, draft_core
+        self.inline = DraftSource(fallback, None, config, verifier.vocab_size, core.timeline, draft_core)
         self.look = Lookahead()
         self.verify_seconds = Ema(0.7)
         self.quick_acceptance = AcceptanceEstimate()  # the inline drafter's, on the steps it served
@@ -191,7 +193,7 @@ class _Pipeline:
         if threads and verifier.threads is not None:
             verifier.threads.set_threads(threads[0])
         worker = DraftWorker(drafter, self.core.config, self.core.timeline, verifier.vocab_size,
-                             threads[1] if threads else None)
+                             threads[1] if threads else None, self.draft_core)
         if not worker.start():
             self.fault = drop_message(drafter, RuntimeError("still busy in a call from an earlier request"))
             self._restore_threads()

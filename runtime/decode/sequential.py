@@ -28,13 +28,14 @@ def speculative_decode(
     timeline: Timeline | None = None,
     fallback: Drafter | None = None,
     constraint: GrammarConstraint | None = None,
+    draft_core: int | None = None,
 ) -> Iterator[Step]:
     """Yield Steps until max_new_tokens are committed (the caller stops early on EOS/stop strings).
     A drafter that fails is dropped for the request; `fallback` (if any) drafts from then on.
     constraint: the request's grammar (structured output): drafts stop at a forbidden token and the target's
-    distribution is the grammar-masked one."""
+    distribution is the grammar-masked one. draft_core: the CPU core the drafter runs on (CorePins)."""
     core = StepCore(verifier, prompt_ids, config, max_new_tokens, timeline, constraint=constraint)
-    source = DraftSource(drafter, fallback, config, verifier.vocab_size, core.timeline)
+    source = DraftSource(drafter, fallback, config, verifier.vocab_size, core.timeline, draft_core)
     try:
         while not core.done:
             start = time.perf_counter()

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, Step, TokenLogprob
+from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, Step, ThreadControl, TokenLogprob
 from mirrorsd.runtime.decode.gate import SpeculationGate
 from mirrorsd.runtime.decode.schedule import make_schedule
-from mirrorsd.runtime.decode.threads import leave_signals_to_the_main_thread
+from mirrorsd.runtime.decode.threads import draft_control, leave_signals_to_the_main_thread, pinned
 from mirrorsd.runtime.timeline import DRAFT, VERIFY, Timeline
 from mirrorsd.rejection import verify
 from mirrorsd.sampling import token_logprobs
@@ -129,11 +129,12 @@ class DraftSource:
     as a tuple: nothing a drafter does can write to it."""
 
     def __init__(self, drafter: Drafter | None, fallback: Drafter | None, config: GenerationConfig,
-                 vocab_size: int, timeline: Timeline) -> None:
+                 vocab_size: int, timeline: Timeline, core: int | None = None) -> None:
+        """core: run the drafter on this CPU core alone (CorePins), else wherever the OS puts it."""
         self.config, self.vocab_size, self.timeline = config, vocab_size, timeline
-        self.drafter, self.fallback = drafter, fallback
+        self.drafter, self.fallback, self.core = drafter, fallback, core
         self._fault: str | None = None
-        self._caller = _Caller() if drafter is not None else None
+        self._caller = _Caller(core, draft_control(drafter)) if drafter is not None else None
         self._start()
 
     @property
@@ -175,9 +176,8 @@ class DraftSource:
     def _drop(self, exc: Exception) -> None:
         self._fault = drop_message(self.drafter, exc)
         self.drafter, self.fallback = self.fallback, None
-        if isinstance(exc, TimeoutError):  # the helper thread is stuck in the drafter: leave it there
-            self._caller.close()
-            self._caller = _Caller()
+        self._caller.close()  # a stuck helper thread is left there; a new one serves the fallback
+        self._caller = _Caller(self.core, draft_control(self.drafter)) if self.drafter is not None else None
         self._start()
 
     def _start(self) -> None:
@@ -192,9 +192,9 @@ class _Caller:
     """Runs calls on one daemon thread and waits for each at most `timeout` seconds. A call that overruns
     raises TimeoutError; its thread is abandoned (never joined), so a hung drafter cannot hang the request."""
 
-    def __init__(self) -> None:
+    def __init__(self, core: int | None = None, control: ThreadControl | None = None) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name="mirrorsd-drafter", daemon=True).start()
+        threading.Thread(target=self._loop, args=(core, control), name="mirrorsd-drafter", daemon=True).start()
 
     def call(self, fn, args: tuple, timeout: float):
         answer: queue.SimpleQueue = queue.SimpleQueue()
@@ -210,14 +210,15 @@ class _Caller:
     def close(self) -> None:
         self._jobs.put(None)
 
-    def _loop(self) -> None:
+    def _loop(self, core: int | None, control: ThreadControl | None) -> None:
         leave_signals_to_the_main_thread()
-        while (job := self._jobs.get()) is not None:
-            fn, args, answer = job
-            try:
-                answer.put((True, fn(*args)))
-            except BaseException as exc:  # handed to the caller, which drops the drafter
-                answer.put((False, exc))
+        with pinned(core, control):
+            while (job := self._jobs.get()) is not None:
+                fn, args, answer = job
+                try:
+                    answer.put((True, fn(*args)))
+                except BaseException as exc:  # handed to the caller, which drops the drafter
+                    answer.put((False, exc))
 
 
 def make_step(draft: Draft, outcome: Outcome, draft_seconds: float, fault: str | None,

@@ -7,7 +7,11 @@ worker is idle. Both need the verifier to declare ThreadControl; without it noth
 
 from __future__ import annotations
 
-from mirrorsd.contracts import CausalLM, ComputeKind, Drafter, ThreadControl, computes_on
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from mirrorsd.contracts import CausalLM, ComputeKind, Drafter, DraftModel, ThreadControl, computes_on
 
 CPU_DRAFT_THREADS = 1
 """Threads a draft computing on the CPU gets while a CPU verifier runs beside it (torch threads of the
@@ -23,6 +27,52 @@ def leave_signals_to_the_main_thread() -> None:
 
     if sys.platform != "win32":  # POSIX; on Windows Ctrl-C reaches the main thread anyway
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+@dataclass(frozen=True)
+class CorePins:
+    """Separate compute, simulated on one CPU: the verify side (the request's thread) runs on core `verify`,
+    the draft side (the drafter's helper thread, or the pipeline's draft worker) on core `draft`, one compute
+    thread each, in every pipeline mode -- so sequential decoding gets exactly the compute the pipeline gets.
+    Linux only (per-thread affinity)."""
+
+    verify: int
+    draft: int
+
+    def __post_init__(self) -> None:
+        from mirrorsd.errors import ConfigError
+
+        if not hasattr(os, "sched_setaffinity"):
+            raise ConfigError("core pinning needs per-thread CPU affinity (Linux)", "run without pinning")
+        usable = os.sched_getaffinity(0)
+        if self.verify == self.draft or not {self.verify, self.draft} <= usable:
+            raise ConfigError(f"pinning needs two different usable cores, got {self.verify} and {self.draft}",
+                              f"usable cores here: {sorted(usable)}")
+
+
+@contextmanager
+def pinned(core: int | None, control: ThreadControl | None = None):
+    """Run the calling thread on `core` alone with one compute thread (`control`: the model whose passes this
+    thread runs, if its threads can be set); restores both on exit. core None: no change."""
+    if core is None:
+        yield
+        return
+    mask = os.sched_getaffinity(0)
+    saved = control.get_threads() if control is not None else None
+    os.sched_setaffinity(0, {core})  # pid 0: the calling thread only
+    if control is not None:
+        control.set_threads(1)
+    try:
+        yield
+    finally:
+        if control is not None:
+            control.set_threads(saved)
+        os.sched_setaffinity(0, mask)
+
+
+def draft_control(drafter: Drafter | None) -> ThreadControl | None:
+    """The thread control of a draft model's backend, where it declares one."""
+    return drafter.lm.threads if isinstance(drafter, DraftModel) else None
 
 
 def shares_cpu(verifier: CausalLM, drafter: Drafter | None) -> bool:

@@ -22,7 +22,7 @@ from mirrorsd.contracts import Draft, Drafter, DraftModel
 from mirrorsd.runtime.decode.branches import Branch, Hint, plan_branches
 from mirrorsd.runtime.decode.estimates import Ema
 from mirrorsd.runtime.decode.step import check_draft
-from mirrorsd.runtime.decode.threads import leave_signals_to_the_main_thread
+from mirrorsd.runtime.decode.threads import draft_control, leave_signals_to_the_main_thread, pinned
 from mirrorsd.runtime.timeline import DRAFT, Timeline
 
 # -- messages: verify worker -> draft worker (the draft queue) -------------------------------------
@@ -114,9 +114,10 @@ class DraftWorker:
     """Owns the drafter on its own thread (see the module docstring for the protocol)."""
 
     def __init__(self, drafter: Drafter, config: GenerationConfig, timeline: Timeline, vocab_size: int,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, core: int | None = None) -> None:
+        """threads: the draft model's CPU threads on this thread; core: run on this CPU core alone (CorePins)."""
         self.drafter, self.config, self.timeline = drafter, config, timeline
-        self.vocab_size, self.threads = vocab_size, threads
+        self.vocab_size, self.threads, self.core = vocab_size, threads, core
         self.draft_queue: queue.Queue = queue.Queue()
         self.verify_queue: queue.Queue = queue.Queue()
         self.cancelled = threading.Event()
@@ -145,12 +146,13 @@ class DraftWorker:
         try:
             if self.threads and isinstance(self.drafter, DraftModel) and self.drafter.lm.threads is not None:
                 self.drafter.lm.threads.set_threads(self.threads)  # this thread's; the verifier keeps its own
-            self.drafter.start(self.config)
-            state = _State()
-            while not self.cancelled.is_set():
-                if not self._receive(state):
-                    return
-                self._work(state)
+            with pinned(self.core, draft_control(self.drafter)):
+                self.drafter.start(self.config)
+                state = _State()
+                while not self.cancelled.is_set():
+                    if not self._receive(state):
+                        return
+                    self._work(state)
         except BaseException as exc:  # noqa: BLE001 - whatever kills the worker must reach the verifier
             self.verify_queue.put(WorkerFailed(f"{type(exc).__name__}: {exc}"))
         finally:

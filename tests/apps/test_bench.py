@@ -4,6 +4,7 @@ well-formed, the plots are real PNGs, and a configuration whose output differs i
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -55,7 +56,7 @@ def test_every_configuration_runs_and_greedy_outputs_match(bench_report):
     report, _ = bench_report
     names = [r["configuration"] for r in report["rows"]]
     # The llama.cpp rows need a GGUF target (the tiny in-process model is none): listed as not run, with why.
-    torch_rows = [c.name for c in CONFIGS if c.reference == TARGET_ONLY]
+    torch_rows = [c.name for c in CONFIGS if c.reference == TARGET_ONLY and "GGUF" not in c.name]
     onnx_rows = [c.name for c in CONFIGS if c.reference == ONNX_TARGET_ONLY and "llama.cpp" not in c.name]
     assert names == torch_rows + onnx_rows + [BROKEN]
     assert {s["configuration"] for s in report["skipped"]} == {c.name for c in CONFIGS} - set(torch_rows + onnx_rows)
@@ -223,3 +224,24 @@ def test_ctrl_c_writes_a_partial_report_of_the_finished_prompts_and_exits_130(tm
     assert [r["configuration"] for r in report["rows"]] == ["target only (ours)", "n-gram (ours)"]
     assert all(r["tokens_per_second"] > 0 and r["greedy_equal_to_target_only"] for r in report["rows"])
     assert (out / "report.md").read_text().startswith(f"**Partial report: interrupted (Ctrl-C) after {done} of 200")
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs per-thread affinity and two cores")
+def test_pin_devices_runs_every_mode_pinned_and_token_equal(tmp_path):
+    """`bench --pin-devices` on smollm2-135m drafting for itself (torch, and its GGUF on llama.cpp): target-only
+    and each draft sequential / overlap / branches, the verify side on one core and the draft side on another."""
+    pytest.importorskip("llama_cpp")
+    from mirrorsd.apps.bench_configs import PINNED
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Write a Python function that reverses a list."}) + "\n")
+    report = run_bench(BenchOptions(target="smollm2-135m", draft_model="smollm2-135m", prompts_file=str(prompts),
+                                    max_new_tokens=16, repeats=1, pin_devices=True, out=str(tmp_path / "out")),
+                       datastore=None)
+    ran = [r["configuration"] for r in report["rows"]]
+    assert ran == [name for name in PINNED if "exported" not in name]  # no --draft-export given
+    assert all(r["greedy_equal_to_target_only"] is True for r in report["rows"]), report["rows"]
+    assert report["settings"]["pin_devices"] is True and "separate compute" in report["settings"]["pinning"]
+    overlap = next(r for r in report["rows"] if r["configuration"] == "draft model, overlap (ours)")
+    assert overlap["acceptance_rate"] > 0.5  # a self-draft: the draft side really drafted

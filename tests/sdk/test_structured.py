@@ -165,3 +165,19 @@ def test_logprobs_are_the_targets_whatever_drafted_them(target_model, other_mode
             assert [t for t, _ in entry.top] == row.topk(3).indices.tolist()
             assert entry.top[0][0] == tok  # greedy: the chosen token is the likeliest
     assert Engine(target_model, tokenizer, None).generate(PROMPTS[0], max_new_tokens=3).logprobs is None
+
+
+def test_a_draft_ending_the_reply_leaves_the_grammar_state_as_it_was(target_model, tokenizer):
+    """Regression: a clipped draft may end with end-of-sequence; the matcher must not consume it (rolling
+    llguidance back over EOS corrupted its state, and a later step refused the target's own token)."""
+    engine = Engine(target_model, tokenizer, None)
+    state = engine.constraint(GenerationConfig(json_schema={"type": "boolean"}))
+    eos = tokenizer.eos_token_id
+    true = tokenizer("true")["input_ids"]
+    start = state.masks([])[0].clone()
+    assert state.clip(true + [eos, 5, 6]) == true + [eos]  # nothing after the end
+    rows = state.masks(true + [eos])
+    assert torch.equal(rows[0], start) and rows[-1].nonzero().flatten().tolist() == [eos]
+    assert torch.equal(state.masks([])[0], start)  # back at the committed state
+    state.advance(true + [eos])
+    assert state.masks([])[0].nonzero().flatten().tolist() == [eos]

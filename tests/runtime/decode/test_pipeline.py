@@ -293,21 +293,26 @@ def test_per_step_the_pipeline_serves_the_quicker_model_free_draft(mode, target_
     wait_for_no_draft_threads()
 
 
-def test_auto_overlaps_only_a_draft_that_computes_apart_from_the_target(target_model, other_model, tokenizer):
-    """auto: sequential when draft and target share the CPU's cores (or the drafter is model-free);
-    overlap for a draft on an NPU provider or Core ML, or on another torch device."""
-    from types import SimpleNamespace
+def test_auto_picks_the_mode_a_calibration_measured_faster(target_model, other_model, tokenizer):
+    """auto: a draft model's mode comes from a calibration on its placement (cached per engine); a model-free
+    drafter runs sequentially; an explicit mode is honoured."""
+    from mirrorsd.runtime.decode.calibrate import Costs
 
-    cfg = GenerationConfig(pipeline="auto")
-    on_cpu = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
-    assert on_cpu.pipeline_mode(cfg) == "sequential"
-    assert on_cpu.pipeline_mode(GenerationConfig(pipeline="overlap")) == "overlap"  # asked for: honoured
+    cfg = GenerationConfig(pipeline="auto", num_draft_tokens=4)
+    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
+    mode = engine.pipeline_mode(cfg)
+    (costs,) = engine.calibrations.values()
+    assert mode == costs.mode and costs.k == 4
+    assert min(costs.verify_s, costs.draft_token_s, costs.verify_shared_s, costs.draft_token_shared_s) > 0
+    assert engine.pipeline_mode(cfg) == mode and len(engine.calibrations) == 1  # measured once
+    assert engine.generate(PROMPTS[0], cfg).stats.pipeline == mode
+    assert engine.pipeline_mode(GenerationConfig(pipeline="overlap")) == "overlap"  # asked for: honoured
     assert Engine(target_model, tokenizer, NGramDrafter()).pipeline_mode(cfg) == "sequential"
-    for lm in (SimpleNamespace(backend="onnx:QNN", computes_on="npu"),
-               SimpleNamespace(backend="coreml", computes_on="npu"),
-               SimpleNamespace(backend="torch:mps", computes_on="gpu")):
-        apart = Engine(target_model, tokenizer, ModelDrafter(lm, name="elsewhere"))
-        assert apart.pipeline_mode(cfg) == "overlap", lm
+    # The rule itself: overlap where side by side beats one after the other by the margin.
+    assert Costs(4, verify_s=0.10, draft_token_s=0.02, verify_shared_s=0.11, draft_token_shared_s=0.025).mode == \
+        "overlap"  # 0.11 against 0.18
+    assert Costs(4, verify_s=0.10, draft_token_s=0.02, verify_shared_s=0.19, draft_token_shared_s=0.04).mode == \
+        "sequential"  # two workers splitting one CPU: 0.19 against 0.18
 
 
 def test_core_sharing_gives_the_verifier_the_draft_threads_while_the_worker_is_idle(tokenizer):

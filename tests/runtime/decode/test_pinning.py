@@ -1,0 +1,71 @@
+"""CorePins (runtime/decode/threads.py): separate compute simulated on one CPU. The verify side runs on one core
+and the draft side on another, one compute thread each, in every pipeline mode; output is unchanged."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from helpers import PROMPTS
+from mirrorsd import Engine, GenerationConfig
+from mirrorsd.errors import ConfigError
+from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
+from mirrorsd.runtime.decode.threads import CorePins
+from mirrorsd.runtime.drafters import ModelDrafter
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                                reason="needs per-thread affinity and two cores")
+
+
+class WhereLM(TorchCausalLM):
+    """The target, noting on which cores and with how many torch threads each verify pass ran."""
+
+    seen: set
+
+    def score(self, committed, draft):
+        self.seen.add((frozenset(os.sched_getaffinity(0)), torch.get_num_threads()))
+        return super().score(committed, draft)
+
+
+class WhereDrafter(ModelDrafter):
+    seen: set
+
+    def propose(self, committed, k):  # the sequential loop's call
+        self.seen.add((frozenset(os.sched_getaffinity(0)), torch.get_num_threads()))
+        return super().propose(committed, k)
+
+    def propose_iter(self, committed, k):  # the pipeline's draft worker's
+        for pair in super().propose_iter(committed, k):
+            self.seen.add((frozenset(os.sched_getaffinity(0)), torch.get_num_threads()))
+            yield pair
+
+
+@pytest.mark.parametrize("mode", ["sequential", "overlap", "branches"])
+def test_each_side_runs_on_its_own_core_and_output_is_unchanged(mode, target_model, tokenizer):
+    cores = sorted(os.sched_getaffinity(0))
+    pins = CorePins(verify=cores[0], draft=cores[1])
+    target, drafter = WhereLM(target_model), WhereDrafter(TorchCausalLM(target_model))
+    target.seen, drafter.seen = set(), set()
+    engine = Engine(target, tokenizer, drafter, fallback=None)
+    reference = Engine(target_model, tokenizer, None)
+    engine.pin_cores = pins
+    cfg = GenerationConfig(max_new_tokens=24, num_draft_tokens=3, pipeline=mode)
+    before = (os.sched_getaffinity(0), torch.get_num_threads())
+    for prompt in PROMPTS:
+        assert engine.generate(prompt, cfg).token_ids == reference.generate(prompt, cfg).token_ids
+    assert target.seen == {(frozenset({pins.verify}), 1)}
+    assert drafter.seen == {(frozenset({pins.draft}), 1)}
+    assert (os.sched_getaffinity(0), torch.get_num_threads()) == before  # the caller's thread is restored
+    target.seen.clear()
+    engine.pin_cores = None
+    engine.generate(PROMPTS[0], cfg)
+    assert target.seen == {(frozenset(before[0]), before[1])}
+
+
+def test_bad_pins_are_config_errors():
+    with pytest.raises(ConfigError, match="two different usable cores"):
+        CorePins(0, 0)
+    with pytest.raises(ConfigError, match="usable cores here"):
+        CorePins(0, 4096)
