@@ -169,6 +169,8 @@ class BenchConfig:
     reference: str = TARGET_ONLY  # target-only decoding on the same backend: greedy outputs must equal its
     # own, and speedups are over it
     memory: tuple[str, ...] = ("target",)  # the models it runs (keys of BenchContext.memory_mb)
+    own_grammar: bool = False  # constrains structured output with another grammar engine (another JSON layout):
+    # its structured replies are timed, not token-compared
 
     @property
     def ours(self) -> bool:
@@ -374,10 +376,11 @@ _CPP_DRAFT = "llama-cpp-python and a GGUF draft model (--draft-model, a catalog 
 _CPP_ROW = dict(reference=CPP_TARGET_ONLY, needs=_CPP, memory=("target (llama.cpp)",))
 
 register(BenchConfig(CPP_TARGET_ONLY, _on(_cpp, lambda ctx, e: ours(ctx, None, engine=e)), **_CPP_ROW))
-register(BenchConfig("llama-cpp-python generate", llama_cpp_generate, peer_of=CPP_TARGET_ONLY, **_CPP_ROW))
+register(BenchConfig("llama-cpp-python generate", llama_cpp_generate, peer_of=CPP_TARGET_ONLY, own_grammar=True,
+                     **_CPP_ROW))
 _model_free_rows("llama.cpp", _cpp, _CPP_ROW)
 register(BenchConfig("prompt lookup (llama-cpp-python)", lambda ctx: llama_cpp_generate(ctx, prompt_lookup=True),
-                     peer_of="n-gram, llama.cpp (ours)", **_CPP_ROW), after="n-gram, llama.cpp (ours)")
+                     peer_of="n-gram, llama.cpp (ours)", own_grammar=True, **_CPP_ROW), after="n-gram, llama.cpp (ours)")
 register(BenchConfig("draft model, llama.cpp (ours)",
                      lambda ctx: None if ctx.cpp_draft_lm is None else
                      ours(ctx, ModelDrafter(ctx.cpp_draft_lm), engine=ctx.cpp_engine),
