@@ -275,6 +275,11 @@ class SlowDraftModel(ModelDrafter):
             time.sleep(0.03)
             yield pair
 
+    def propose_ranked(self, committed, max_tokens, kappa):  # what the worker calls for "branches"
+        for ranked in super().propose_ranked(committed, max_tokens, kappa):
+            time.sleep(0.03)
+            yield ranked
+
 
 @pytest.mark.parametrize("mode", ["overlap", "branches"])
 def test_per_step_the_pipeline_serves_the_quicker_model_free_draft(mode, target_model, tokenizer, expected):
