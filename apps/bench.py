@@ -318,6 +318,8 @@ def _sum_stats(outs: list[Output]):
         "draft_hidden_share": _ratio(sum(s.draft_hidden_s for s in stats), sum(s.draft_time_s for s in stats)),
         "branch_hit_rate": _ratio(sum(s.branch_hits for s in stats),
                                   sum(s.branch_hits + s.branch_misses for s in stats)),
+        "branch_coverage": _ratio(sum(s.hinted_covered for s in stats), sum(s.hinted_rejections for s in stats)),
+        "branches_ready_share": _ratio(sum(s.branches_ready for s in stats), sum(s.branches_planned for s in stats)),
         "drafters": _merge_counts(s.drafters for s in stats),
         "fallbacks": sorted({f for s in stats for f in s.fallbacks}),
     }
@@ -359,6 +361,7 @@ def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -
             "mean_accepted_length": None, "acceptance_rate": None, "per_position_acceptance": [],
             "per_position_drafted": [],
             "propose_us_per_step": None, "draft_hidden_share": None, "branch_hit_rate": None,
+            "branch_coverage": None, "branches_ready_share": None,
         }
         summed = _sum_stats([cell.first for cell in row_cells])
         if summed:

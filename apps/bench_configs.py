@@ -296,6 +296,9 @@ for _mode in ("sequential", "overlap", "branches"):  # issue #4's pipeline: one 
     register(BenchConfig(f"draft model, {_mode} (ours)",
                          lambda ctx, mode=_mode: ours(ctx, _draft_model(ctx), pipeline=mode) if ctx.draft_lm is not None
                          else None, needs=_DRAFT, memory=("target", "draft")))
+register(BenchConfig("draft model, branches from early exit (ours)",  # issue #16: the target's layer-l_e candidates
+                     lambda ctx: ours(ctx, _draft_model(ctx), pipeline="branches", branch_source="early_exit")
+                     if ctx.draft_lm is not None else None, needs=_DRAFT, memory=("target", "draft")))
 for _mode in ("sequential", "overlap", "branches"):  # the same draft exported (issue #3), on ONNX Runtime
     register(BenchConfig(f"exported draft, {_mode} (ours)",
                          lambda ctx, mode=_mode: ours(ctx, ctx.export_drafter, pipeline=mode)

@@ -88,8 +88,11 @@ def generate(
     raw: Annotated[bool, typer.Option(help="Use the prompt as raw text, no chat template.")] = False,
     pipeline: Annotated[str, typer.Option(help="auto | sequential | overlap | branches (how drafting and "
                                                "verification are scheduled; output is the same).")] = "auto",
-    early_exit_layer: Annotated[Optional[int], typer.Option(help="l_e for branch hints (default: half depth).")] = None,
-    branch_width: Annotated[int, typer.Option(help="kappa: early-exit candidates per position.")] = 3,
+    early_exit_layer: Annotated[Optional[int], typer.Option(help="l_e for branch hints (default: 4/5 of the depth).")] = None,
+    branch_width: Annotated[int, typer.Option(help="kappa: branch candidates per draft position.")] = 3,
+    branch_source: Annotated[str, typer.Option(help="auto | early_exit | draft: where branches take their "
+                                                    "candidates (the target's early exit or the draft's own top-k).")
+                             ] = "auto",
     trace: Annotated[Optional[str], typer.Option(help="Write the request's draft/verify timeline to this "
                                                       "file (Chrome trace JSON: open in Perfetto or chrome://tracing).")] = None,
     json_schema: Annotated[Optional[str], typer.Option(help="Structured output: the reply is JSON valid against the "
@@ -110,7 +113,7 @@ def generate(
                            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                            frequency_penalty=frequency_penalty, seed=seed, num_draft_tokens=num_draft_tokens,
                            stop=tuple(stop or ()), pipeline=pipeline, early_exit_layer=early_exit_layer,
-                           branch_width=branch_width, regex=regex, logprobs=logprobs,
+                           branch_width=branch_width, branch_source=branch_source, regex=regex, logprobs=logprobs,
                            json_schema=_read_file(json_schema, "JSON schema") if json_schema else None,
                            grammar=_read_file(grammar, "grammar") if grammar else None)
     if trace:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from mirrorsd.errors import ConfigError
 
 PIPELINE_MODES = ("auto", "sequential", "overlap", "branches")
+BRANCH_SOURCES = ("auto", "early_exit", "draft")
 
 
 @dataclass(frozen=True)
@@ -107,10 +108,24 @@ class SpeculativeConfig:
 
     early_exit_layer: int | None = None
     """l_e: the target layer whose output is read through the LM head for branch hints (1-based;
-    None = half the depth)."""
+    None = 4/5 of the depth: earlier layers of qwen2.5-coder-1.5b rarely knew the correction,
+    docs/branch-coverage.md)."""
 
     branch_width: int = 3
-    """kappa: early-exit candidates considered per draft position (0 turns branches off)."""
+    """kappa: branch candidates considered per draft position (0 turns branches off)."""
+
+    branch_source: str = "auto"
+    """Where "branches" mode takes its candidates (rejection point, correction) from:
+    "early_exit": the target's layer-l_e top-kappa, read midway through each verify pass (backends that
+    declare early exit);
+    "draft": the draft model's own top kappa + 1 choices at each drafted position (its first choice is, when
+    greedy, the drafted token itself), known before the pass starts: the whole pass is left for drafting
+    branches and the target computes nothing extra (draft models that declare RankingDraftModel, e.g.
+    ModelDrafter);
+    "auto": "draft" where the drafter can rank, else "early_exit" (docs/branch-coverage.md: on
+    qwen2.5-coder-1.5b with the 0.5b draft, the draft's 3 alternatives held the correction of 94% of
+    rejections, the early exit's top-3 none at half depth and 55% at layer 22 of 28).
+    Without either, "branches" runs as "overlap"."""
 
     draft_timeout_s: float = 30.0
     """A pipelined drafter that has not produced a draft this long after it was due is dropped for
@@ -127,10 +142,13 @@ class SpeculativeConfig:
         if self.pipeline not in PIPELINE_MODES:
             raise ConfigError(f"pipeline must be one of {', '.join(PIPELINE_MODES)}, got {self.pipeline!r}",
                               "use auto unless you are comparing modes")
+        if self.branch_source not in BRANCH_SOURCES:
+            raise ConfigError(f"branch_source must be one of {', '.join(BRANCH_SOURCES)}, got {self.branch_source!r}",
+                              "auto uses the draft model's candidates where it can rank, else early exit")
         if self.branch_width < 0 or (self.early_exit_layer is not None and self.early_exit_layer < 1):
             raise ConfigError(
                 f"branch_width must be >= 0 and early_exit_layer >= 1, got {self.branch_width} and "
-                f"{self.early_exit_layer}", "early_exit_layer=None picks half the target's depth")
+                f"{self.early_exit_layer}", "early_exit_layer=None picks 4/5 of the target's depth")
         if not (self.draft_timeout_s > 0):
             raise ConfigError(f"draft_timeout_s must be > 0, got {self.draft_timeout_s}", "the default is 30 s")
 
@@ -174,6 +192,7 @@ class GenerationConfig:
     pipeline: str = "auto"
     early_exit_layer: int | None = None
     branch_width: int = 3
+    branch_source: str = "auto"
     draft_timeout_s: float = 30.0
 
     sampling: SamplingParams = field(init=False, repr=False, compare=False)

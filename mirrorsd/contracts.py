@@ -1,12 +1,14 @@
 """The small contracts between the loops, the drafters and the model backends.
 
-Records: `Draft` (what a drafter proposes) and `Step` (what one verify step committed).
+Records: `Draft` (what a drafter proposes), `Step` (what one verify step committed) and `HintOutcome`
+(how a step with Mirror-SD branch candidates ended).
 Protocols:
 - `CausalLM`: one model on one device (a backend: torch, ONNX Runtime, Core ML, ...). The verifier is
   one; a model drafter drafts with one. Optional capabilities are *declared* as attributes that hold
   an implementation or None (`early_exit`, `threads`), never discovered by probing.
 - `Drafter`: proposes tokens. Optional parts are declared as their own protocols (`DraftModel`: a
-  drafter that runs a CausalLM, token by token; `LearningDrafter`: learns from finished replies).
+  drafter that runs a CausalLM, token by token; `RankingDraftModel`: one that also reports its top
+  candidates per drafted position; `LearningDrafter`: learns from finished replies).
 """
 
 from __future__ import annotations
@@ -63,6 +65,35 @@ class Step:
     branch; None when no branch was prepared or the step stayed on the lookahead."""
     logprobs: tuple[TokenLogprob, ...] | None = None
     """One per committed token, when the request asks for log-probabilities."""
+    hint: HintOutcome | None = None
+    """Pipeline with branches: how a hinted step (one whose candidates reached the draft worker) ended,
+    measured against its hint; None for steps without a hint."""
+
+
+BranchState = Literal["ready", "drafting", "queued", "none"]
+"""Where the branch for a step's actual outcome stood when the verifier reconciled (right after the pass):
+drafted to its planned length, still being drafted, planned but not started, or not planned at all."""
+
+
+@dataclass(frozen=True)
+class HintOutcome:
+    """A hinted step measured against its hint (Mirror-SD branches; see GenerationStats.branch_coverage)."""
+
+    source: Literal["early_exit", "draft"]
+    """Where the step's candidates came from: the target's layer-l_e top-kappa, or the draft model's own."""
+    rejected_at: int | None
+    """n_accepted when a drafted token was rejected; None when every drafted token was accepted."""
+    correction: int
+    """The step's last committed token: the correction (or the bonus token when nothing was rejected)."""
+    covered: bool
+    """The correction was among the hint's top-kappa candidates at that position."""
+    state: BranchState
+    """The branch for (rejected_at or k, correction) at reconcile time."""
+    planned: int | None
+    """Branches the draft worker planned for this step; None when its plan had not reached the verifier by
+    reconcile (the worker was still busy with the token it was drafting when the hint came)."""
+    ready: int = 0
+    """Of the planned branches, those drafted to their planned length by reconcile."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +208,17 @@ class DraftModel(Drafter, Protocol):
 
     def close(self) -> None:
         """Free the model."""
+
+
+@runtime_checkable
+class RankingDraftModel(DraftModel, Protocol):
+    """A draft model that reports its top candidates at each drafted position (the distribution it computes
+    anyway): Mirror-SD branches can then come from the draft instead of the target's early exit."""
+
+    def propose_ranked(self, committed: Sequence[int], max_tokens: int,
+                       kappa: int) -> Iterator[tuple[int, np.ndarray | None, np.ndarray, np.ndarray]]:
+        """As propose_iter, each token with the top-kappa ids [kappa] and log-probabilities [kappa] of the
+        distribution it was drafted from (after the request's sampling processing), likeliest first."""
 
 
 @runtime_checkable

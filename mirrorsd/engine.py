@@ -20,7 +20,7 @@ from mirrorsd.runtime.backends import eos_ids as eos_ids_of
 from mirrorsd.runtime.backends import load_lm
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.runtime.decode.calibrate import Costs, calibrate
-from mirrorsd.runtime.decode.pipeline import pipelined_decode
+from mirrorsd.runtime.decode.pipeline import branch_source, pipelined_decode
 from mirrorsd.runtime.decode.sequential import speculative_decode
 from mirrorsd.runtime.decode.threads import CorePins, cpu_draft_threads, overlap_threads, pinned
 from mirrorsd.runtime.drafters.chain import ChainDrafter
@@ -223,13 +223,14 @@ class Engine:
         if mode == "auto":
             mode = self.calibration(cfg.num_draft_tokens).mode if isinstance(self.drafter, DraftModel) else "sequential"
         early_exit = self.verifier.early_exit
-        if mode == "branches" and not (early_exit is not None and cfg.branch_width > 0):
+        source = branch_source(self.verifier, self.drafter, cfg) if mode == "branches" else None
+        if mode == "branches" and source is None:  # no candidates: neither early exit nor a ranking draft
             mode = "overlap"
-        if mode == "branches" and cfg.early_exit_layer is not None and cfg.early_exit_layer >= early_exit.num_layers:
+        if source == "early_exit" and cfg.early_exit_layer is not None and cfg.early_exit_layer >= early_exit.num_layers:
             raise ConfigError(
                 f"early_exit_layer {cfg.early_exit_layer} is not inside {self.name}'s "
                 f"{early_exit.num_layers} layers",
-                f"pick a layer from 1 to {early_exit.num_layers - 1}, or None for half the depth")
+                f"pick a layer from 1 to {early_exit.num_layers - 1}, or None for 4/5 of the depth")
         return mode
 
     def calibration(self, k: int) -> Costs:

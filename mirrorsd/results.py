@@ -35,6 +35,15 @@ class GenerationStats:
     backend: str = ""  # the target's model backend and device: "torch:cpu", "llamacpp:cpu", "llamacpp:gpu", ...
     branch_hits: int = 0  # steps that left the lookahead and landed on a prepared early-exit branch
     branch_misses: int = 0  # steps that left the lookahead with branches prepared, none of them right
+    branch_source: str = ""  # where "branches" took its candidates: "early_exit" or "draft" ("" if nowhere)
+    hinted_steps: int = 0  # steps whose branch candidates reached the draft worker
+    hinted_rejections: int = 0  # of those, steps where a drafted token was rejected
+    hinted_covered: int = 0  # of those rejections, the ones whose correction was among the candidates
+    branches_planned: int = 0  # branches the draft worker planned, over hinted steps whose plan arrived in time
+    branches_ready: int = 0  # of those, drafted to their planned length when the verifier reconciled
+    branch_plans_late: int = 0  # hinted steps whose plan had not reached the verifier when it reconciled
+    branch_states: dict[str, int] = field(default_factory=dict)  # hinted rejections by the state of the
+    # branch for their actual outcome at reconcile: ready, drafting, queued (planned, not started), none
 
     @property
     def tokens_per_second(self) -> float:
@@ -76,6 +85,18 @@ class GenerationStats:
         return self.branch_hits / tried if tried else None
 
     @property
+    def branch_coverage(self) -> float | None:
+        """Share of rejections on hinted steps whose correction was among the hint's top-kappa candidates:
+        the hit rate branches could reach if every candidate were drafted in time."""
+        return self.hinted_covered / self.hinted_rejections if self.hinted_rejections else None
+
+    @property
+    def branches_ready_share(self) -> float | None:
+        """Share of the planned branches drafted to their planned length by the time the verifier reconciled
+        (right after the pass), over the steps whose plan had arrived by then."""
+        return self.branches_ready / self.branches_planned if self.branches_planned else None
+
+    @property
     def drafter_shares(self) -> dict[str, float]:
         """Share of verify steps each source served, largest first; "none" is a plain decode step
         (nothing drafted), so the shares add up to 1 and say how much the drafters really served."""
@@ -113,6 +134,8 @@ class GenerationStats:
             draft_idle_s=self.draft_idle_s,
             verify_idle_s=self.verify_idle_s,
             branch_hit_rate=self.branch_hit_rate,
+            branch_coverage=self.branch_coverage,
+            branches_ready_share=self.branches_ready_share,
         )
         return d
 
@@ -128,6 +151,10 @@ class StatsRecorder:
         self.pipeline = pipeline
         self.backend = backend
         self.branch_hits = self.branch_misses = 0
+        self.branch_source = ""
+        self.hinted = self.hinted_rejections = self.hinted_covered = 0
+        self.branches_planned = self.branches_ready = self.branch_plans_late = 0
+        self.branch_states: Counter[str] = Counter()
         self.generated = self.steps = self.drafted = self.accepted = 0
         self.draft_time = self.verify_time = 0.0
         self.pos_drafted: list[int] = []
@@ -147,12 +174,27 @@ class StatsRecorder:
             self.fallbacks.append(step.fallback)
         self.branch_hits += step.branch == "hit"
         self.branch_misses += step.branch == "miss"
+        if step.hint is not None:
+            self._add_hint(step.hint)
         while len(self.pos_drafted) < step.n_drafted:
             self.pos_drafted.append(0)
             self.pos_accepted.append(0)
         for i in range(step.n_drafted):
             self.pos_drafted[i] += 1
             self.pos_accepted[i] += i < step.n_accepted
+
+    def _add_hint(self, hint) -> None:
+        self.branch_source = hint.source
+        self.hinted += 1
+        if hint.rejected_at is not None:
+            self.hinted_rejections += 1
+            self.hinted_covered += hint.covered
+            self.branch_states[hint.state] += 1
+        if hint.planned is None:
+            self.branch_plans_late += 1
+        else:
+            self.branches_planned += hint.planned
+            self.branches_ready += hint.ready
 
     def snapshot(self, total_time: float) -> GenerationStats:
         draft_time, verify_time, hidden = self.draft_time, self.verify_time, 0.0
@@ -178,6 +220,14 @@ class StatsRecorder:
             backend=self.backend,
             branch_hits=self.branch_hits,
             branch_misses=self.branch_misses,
+            branch_source=self.branch_source,
+            hinted_steps=self.hinted,
+            hinted_rejections=self.hinted_rejections,
+            hinted_covered=self.hinted_covered,
+            branches_planned=self.branches_planned,
+            branches_ready=self.branches_ready,
+            branch_plans_late=self.branch_plans_late,
+            branch_states=dict(self.branch_states),
         )
 
 

@@ -1,10 +1,14 @@
 """Mirror-SD branch planning, pure: which (rejection point, correction) branches to draft during a pass.
 
-The verify pass publishes, at layer l_e, the top-kappa tokens of each of its k+1 rows (a `Hint`). With
-p~ that early-exit distribution, the step reaches draft position i with probability
+The verify pass publishes, at layer l_e, the top-kappa tokens of each of its k+1 rows (a `Hint`); with
+branch_source "draft", the verifier sends the draft model's own top-kappa at each drafted position instead,
+as the pass starts. With p~ that distribution, the step reaches draft position i with probability
 prod_{j<i} p~_j(draft_j) and then commits x != draft_i with probability p~_i(x). Position k (every
 draft token accepted) is a branch point too, for bonus tokens other than the lookahead's own guess.
-The draft worker drafts the likeliest branches, as many tokens as the rest of the pass affords.
+The draft worker drafts the likeliest branches, as many tokens as the rest of the pass affords. A draft is
+sure of its own tokens (it chose them), so with its candidates the step reaches position i with
+probability alpha^i (the measured acceptance rate), is rejected there with 1 - alpha, and the
+alternatives share that in proportion to their draft probabilities.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ class Hint:
 
     base_len: int  # committed length when the step began
     draft: tuple[int, ...]  # the k tokens under verification
-    top_ids: np.ndarray  # [k+1, kappa] top tokens at layer l_e, row i predicts position base_len + i
-    top_logp: np.ndarray  # [k+1, kappa] their log-probabilities
+    top_ids: np.ndarray  # [rows, kappa] top tokens at layer l_e (or the draft's), row i predicts position
+    # base_len + i; rows is k+1, or k when the draft's candidates for the bonus position are not known yet
+    top_logp: np.ndarray  # [rows, kappa] their log-probabilities
     deadline: float  # perf_counter() time the verify pass is expected to end
     max_tokens: int  # draft at most this many tokens per branch
+    alpha: float | None = None  # the draft's candidates: where the step ends comes from the measured
+    # acceptance rate instead (a draft is sure of its own tokens), which candidate from their probabilities
 
 
 @dataclass
@@ -54,13 +61,18 @@ def plan_branches(hint: Hint, seq: list[int], token_seconds: float | None, now: 
     k, base = len(hint.draft), hint.base_len
     own_bonus = seq[base + k] if len(seq) > base + k and seq[base:base + k] == list(hint.draft) else None
     reach, candidates, lookahead_score = 1.0, [], 0.0
-    for i in range(k + 1):
+    for i in range(min(k + 1, len(hint.top_ids))):
         ids, probs = hint.top_ids[i].tolist(), np.exp(hint.top_logp[i])
         own = hint.draft[i] if i < k else own_bonus
+        if hint.alpha is not None:  # P(reach i) = alpha^i, P(reject there) = 1 - alpha, shared by the others
+            mass = sum(float(p) for x, p in zip(ids, probs) if x != own) or 1.0
+            probs = probs * (1.0 - hint.alpha) / mass
         for x, p in zip(ids, probs):
             if x != own:
                 candidates.append(Branch(reach * float(p), list(seq[:base]) + list(hint.draft[:i]) + [x], i, x, 0, base))
         own_p = float(probs[ids.index(own)]) if own in ids else 0.0
+        if hint.alpha is not None:
+            own_p = hint.alpha
         if i < k:
             reach *= own_p
         elif own is not None:

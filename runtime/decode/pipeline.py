@@ -7,7 +7,11 @@ through two queues and pass only token ids, a few top-k log-probs and draft dist
 The draft worker keeps a *lookahead* drafted as if every step were fully accepted: while the target
 verifies step t (the first K lookahead tokens), the worker already drafts step t+1. With early exit
 (Mirror-SD), the verify pass publishes its layer-l_e top-kappa tokens midway, and the worker drafts the
-likeliest (rejection point, correction) *branches* in the time the pass has left (branches.py).
+likeliest (rejection point, correction) *branches* in the time the pass has left (branches.py). With
+branch_source "draft" (a RankingDraftModel), the candidates are the draft model's own top-kappa at each
+drafted position, sent as the pass starts: the target computes nothing extra and the worker has the whole
+pass. Each hinted step is measured against its hint (Step.hint: was the correction a candidate, was its
+branch ready).
 
 After each step the verifier reconciles. If the committed history is still a prefix of the lookahead,
 the rest of the lookahead is the next draft (Advance). If the outcome landed on a prepared branch, that
@@ -31,10 +35,10 @@ import time
 from collections.abc import Iterator, Sequence
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, Step
+from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, HintOutcome, RankingDraftModel, Step
 from mirrorsd.runtime.decode.branches import Hint
 from mirrorsd.runtime.decode.estimates import AcceptanceEstimate, Ema
-from mirrorsd.runtime.decode.lookahead import Lookahead, drain, fill
+from mirrorsd.runtime.decode.lookahead import Lookahead, StepBranches, drain, fill
 from mirrorsd.runtime.decode.speedup import expected_tokens_per_step
 from mirrorsd.runtime.decode.step import DraftSource, Outcome, StepCore, drop_message, make_step
 from mirrorsd.runtime.decode.threads import CoreSharing
@@ -43,6 +47,18 @@ from mirrorsd.runtime.timeline import Timeline
 from mirrorsd.structured import GrammarConstraint
 
 log = logging.getLogger("mirrorsd")
+
+MAX_DRAFT_ALPHA = 0.95
+"""With the draft's candidates, branches are ranked with the running acceptance estimate as the chance to
+pass each position; capped so that a run of accepted steps does not rule rejections out."""
+
+
+def default_exit_layer(num_layers: int) -> int:
+    """l_e when the config leaves it open: 4/5 of the depth. On qwen2.5-coder-1.5b (28 layers) the early exit
+    at half depth had the correction of 0 of 33 rejections in its top-3, at layer 22 18 of them
+    (docs/branch-coverage.md): earlier layers do not know the answer yet."""
+    return max(1, num_layers * 4 // 5)
+
 
 MIN_MISS_FOR_BRANCHES = 0.5
 """Early exit is requested only for steps predicted to leave the lookahead at least this often
@@ -82,9 +98,9 @@ def pipelined_decode(
             exit_request = pipe.early_exit(draft, quick)
             outcome = core.verify(draft, exit_request)
             core.commit(outcome)
-            branch = pipe.reconcile(outcome)
+            branch, hint = pipe.reconcile(outcome)
             pipe.learn(draft, quick, outcome, outcome.start - start)
-            yield make_step(draft, outcome, outcome.start - start, pipe.take_fault(), branch)
+            yield make_step(draft, outcome, outcome.start - start, pipe.take_fault(), branch, hint)
     finally:
         pipe.close()
 
@@ -104,9 +120,11 @@ class _Pipeline:
         # The inline drafter may serve any step; where that choice would depend on timing, a seeded
         # sampling run keeps to the model (it must reproduce).
         self.choose = config.greedy or config.seed is None
-        early_exit = verifier.early_exit if branches and config.branch_width > 0 else None
-        self.exit_layer = (config.early_exit_layer or max(1, early_exit.num_layers // 2)) if early_exit else 0
-        self.hinted, self.fault = False, None
+        self.source = branch_source(verifier, drafter, config) if branches else None
+        early_exit = verifier.early_exit if self.source == "early_exit" else None
+        self.exit_layer = (config.early_exit_layer or default_exit_layer(early_exit.num_layers)) if early_exit else 0
+        self.hint: Hint | None = None  # this step's, once sent to the worker
+        self.fault = None
         self.worker: DraftWorker | None = None
         self.sharing: CoreSharing | None = None
         self.saved_threads = verifier.threads.get_threads() if threads and verifier.threads else None
@@ -130,43 +148,60 @@ class _Pipeline:
         return self.inline.propose(self.core.committed, budget), False
 
     def early_exit(self, draft: Draft, quick: bool) -> ExitRequest | None:
-        """Ask the pass for early-exit hints when the step is likely to leave the lookahead."""
-        self.hinted = False
+        """When the step is likely to leave the lookahead, send the worker its branch candidates: the draft's
+        own at once (branch_source "draft"), or the pass's early-exit top-kappa midway (the ExitRequest)."""
+        self.hint = None
         miss = 1.0 - self.core.alpha ** (len(draft.tokens) + 1)
-        if self.worker is None or not self.exit_layer or not draft.tokens or quick or miss < MIN_MISS_FOR_BRANCHES:
+        if self.worker is None or not self.source or not draft.tokens or quick or miss < MIN_MISS_FOR_BRANCHES:
             return None
         worker, config = self.worker, self.core.config
         hint_args = (len(self.core.committed), tuple(draft.tokens),
                      time.perf_counter() + (self.verify_seconds.value or 0.0), max(1, self.core.schedule.k))
 
-        def publish(ids, logp) -> None:
-            self.hinted = True
+        def publish(ids, logp, alpha: float | None = None) -> None:
             base, drafted, deadline, max_tokens = hint_args
-            worker.draft_queue.put(Hint(base, drafted, ids, logp, deadline, max_tokens))
+            self.hint = Hint(base, drafted, ids, logp, deadline, max_tokens, alpha)
+            worker.draft_queue.put(self.hint)
 
+        if self.source == "draft":
+            k = len(draft.tokens)
+            candidates = self.look.candidates(k) if self.look.tokens[:k] == draft.tokens else None
+            if candidates is not None:
+                publish(*candidates, alpha=min(self.core.alpha, MAX_DRAFT_ALPHA))
+            return None
         return ExitRequest(self.exit_layer, config.branch_width, publish)
 
-    def reconcile(self, outcome: Outcome) -> str | None:
+    def reconcile(self, outcome: Outcome) -> tuple[str | None, HintOutcome | None]:
         """After commit(): tell the worker where the step landed (Advance on the lookahead, Rebase
         elsewhere, onto a prepared branch if one matches). Returns "hit"/"miss" for hinted steps that
-        left the lookahead."""
+        left the lookahead, and for every hinted step how it ended against its hint."""
         self.inline.accepted(self.core.committed, outcome.n_accepted)
         if self.worker is None:
-            return None
-        new, committed = outcome.tokens, self.core.committed
+            return None, None
+        new, committed, hint = outcome.tokens, self.core.committed, self.hint
         base = len(committed) - len(new)
-        branches = drain(self.worker, self.look, base, base if self.hinted else None)
+        branches = drain(self.worker, self.look, base, base if hint else None)
+        record = self._measure(hint, outcome, branches) if hint else None
         limit = len(committed) + 2 * self.core.schedule.k + 1
         if self.look.tokens[:len(new)] == new:
             self.look.advance(len(new))
             self.worker.draft_queue.put(Advance(len(committed), limit, outcome.n_accepted))
-            return None
+            return None, record
         diverged = any(a != b for a, b in zip(self.look.tokens, new))  # not merely short
         hit = branches.get((outcome.n_accepted, new[-1]))
         self.look.rebase(hit)
         self.worker.draft_queue.put(Rebase(self.look.epoch, tuple(committed), tuple(self.look.tokens), limit,
                                            outcome.n_accepted))
-        return ("hit" if hit else "miss") if self.hinted and (hit or diverged) else None
+        return ("hit" if hit else "miss") if hint and (hit or diverged) else None, record
+
+    def _measure(self, hint: Hint, outcome: Outcome, branches: StepBranches) -> HintOutcome:
+        """A hinted step against its hint: was the correction a candidate at its position, and how far was
+        the worker with the branches (its plan, and the branch for this outcome) when the pass had ended."""
+        at, correction = outcome.n_accepted, outcome.tokens[-1]
+        covered = at < len(hint.top_ids) and correction in hint.top_ids[at].tolist()
+        return HintOutcome(self.source, at if at < len(hint.draft) else None, correction, covered,
+                           branches.state((at, correction)),
+                           None if branches.planned is None else len(branches.planned), branches.ready)
 
     def learn(self, draft: Draft, quick: bool, outcome: Outcome, waited: float) -> None:
         """The step core's estimators (the quick steps feed only the inline drafter's acceptance)."""
@@ -193,7 +228,9 @@ class _Pipeline:
         if threads and verifier.threads is not None:
             verifier.threads.set_threads(threads[0])
         worker = DraftWorker(drafter, self.core.config, self.core.timeline, verifier.vocab_size,
-                             threads[1] if threads else None, self.draft_core)
+                             threads[1] if threads else None,
+                             # the draft's first choice is the drafted token itself: kappa alternatives after it
+                             self.core.config.branch_width + 1 if self.source == "draft" else 0, self.draft_core)
         if not worker.start():
             self.fault = drop_message(drafter, RuntimeError("still busy in a call from an earlier request"))
             self._restore_threads()
@@ -245,3 +282,17 @@ class _Pipeline:
     def _restore_threads(self) -> None:
         if self.saved_threads is not None:
             self.core.verifier.threads.set_threads(self.saved_threads)
+
+
+def branch_source(verifier: CausalLM, drafter: Drafter | None, config: GenerationConfig) -> str | None:
+    """Where "branches" mode takes its candidates for this target, drafter and config (SpeculativeConfig.
+    branch_source): "draft" when asked for (or "auto") and the drafter ranks its tokens, "early_exit" when
+    asked for (or "auto") and the target declares early exit; None: the mode runs as "overlap"."""
+    source = config.branch_source
+    if config.branch_width <= 0:
+        return None
+    if source in ("draft", "auto") and isinstance(drafter, RankingDraftModel):
+        return "draft"
+    if source in ("early_exit", "auto") and verifier.early_exit is not None:
+        return "early_exit"
+    return None

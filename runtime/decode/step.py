@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, Step, ThreadControl, TokenLogprob
+from mirrorsd.contracts import (CausalLM, Draft, Drafter, ExitRequest, HintOutcome, Step, ThreadControl,
+                                TokenLogprob)
 from mirrorsd.runtime.decode.gate import SpeculationGate
 from mirrorsd.runtime.decode.schedule import make_schedule
 from mirrorsd.runtime.decode.threads import draft_control, leave_signals_to_the_main_thread, pinned
@@ -222,9 +223,9 @@ class _Caller:
 
 
 def make_step(draft: Draft, outcome: Outcome, draft_seconds: float, fault: str | None,
-              branch: str | None = None) -> Step:
+              branch: str | None = None, hint: HintOutcome | None = None) -> Step:
     return Step(outcome.tokens, len(draft.tokens), outcome.n_accepted, draft.source if draft.tokens else "none",
-                draft_seconds, outcome.seconds, fault, branch, outcome.logprobs)
+                draft_seconds, outcome.seconds, fault, branch, outcome.logprobs, hint)
 
 
 def drop_message(drafter: Drafter, exc: Exception) -> str:

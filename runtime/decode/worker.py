@@ -1,11 +1,13 @@
 """The pipeline's draft worker: a thread that owns the drafter, and the messages the two workers exchange.
 
     verify worker --draft queue-->  draft worker    Rebase / Advance / Extend / Hint / STOP
-    verify worker <--verify queue-- draft worker    Chunk / Stalled / BranchChunk / WorkerFailed
+    verify worker <--verify queue-- draft worker    Chunk / Stalled / BranchesPlanned / BranchChunk / WorkerFailed
 
 The worker keeps a *lookahead*: tokens drafted past the committed history on the assumption that every
 step is fully accepted (its own guess at each bonus token included), up to `limit`. Given a Hint, it
 also drafts the likeliest early-exit branches (branches.py). Epochs let each side drop stale messages.
+With `rank_width` > 0 and a RankingDraftModel, every drafted token carries the draft's top candidates at its
+position (Chunk.ranks): the verifier can build a step's Hint from them (branch_source "draft").
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import Draft, Drafter, DraftModel
+from mirrorsd.contracts import Draft, Drafter, DraftModel, RankingDraftModel
 from mirrorsd.runtime.decode.branches import Branch, Hint, plan_branches
 from mirrorsd.runtime.decode.estimates import Ema
 from mirrorsd.runtime.decode.step import check_draft
@@ -57,12 +59,17 @@ STOP = "stop"
 
 # -- messages: draft worker -> verify worker (the verify queue) ------------------------------------
 
+Ranks = tuple[np.ndarray, np.ndarray]
+"""([n, kappa] token ids, [n, kappa] log-probabilities): a drafter's top candidates at n positions."""
+
+
 @dataclass(frozen=True)
 class Chunk:
     epoch: int
     pos: int  # absolute position of tokens[0]
     tokens: tuple[int, ...]
     probs: np.ndarray | None  # [len(tokens), V] q rows, None for one-hot drafts
+    ranks: Ranks | None = None  # the draft's top candidates at each token's position (rank_width > 0)
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,15 @@ class BranchChunk:
     correction: int
     tokens: tuple[int, ...]  # next tokens of the branch, continuing those sent before
     probs: np.ndarray | None
+    finished: bool = False  # the branch now holds all the tokens it was planned to get
+    ranks: Ranks | None = None
+
+
+@dataclass(frozen=True)
+class BranchesPlanned:
+    """The worker took in a step's Hint and planned these branches (best first)."""
+    base_len: int
+    keys: tuple[tuple[int, int], ...]  # (at, correction) per branch
 
 
 @dataclass(frozen=True)
@@ -114,10 +130,11 @@ class DraftWorker:
     """Owns the drafter on its own thread (see the module docstring for the protocol)."""
 
     def __init__(self, drafter: Drafter, config: GenerationConfig, timeline: Timeline, vocab_size: int,
-                 threads: int | None = None, core: int | None = None) -> None:
+                 threads: int | None = None, rank_width: int = 0, core: int | None = None) -> None:
         """threads: the draft model's CPU threads on this thread; core: run on this CPU core alone (CorePins)."""
         self.drafter, self.config, self.timeline = drafter, config, timeline
         self.vocab_size, self.threads, self.core = vocab_size, threads, core
+        self.rank_width = rank_width if isinstance(drafter, RankingDraftModel) else 0
         self.draft_queue: queue.Queue = queue.Queue()
         self.verify_queue: queue.Queue = queue.Queue()
         self.cancelled = threading.Event()
@@ -192,6 +209,7 @@ class DraftWorker:
         elif isinstance(msg, Hint):
             plan = plan_branches(msg, state.seq, self.token_seconds.value, time.perf_counter())
             state.branches, state.lookahead_score = plan.branches, plan.lookahead_score
+            self.verify_queue.put(BranchesPlanned(msg.base_len, tuple((b.at, b.correction) for b in plan.branches)))
 
     def _work(self, state: _State) -> None:
         """One unit of drafting: the best branch while it beats the lookahead, else the lookahead."""
@@ -199,21 +217,28 @@ class DraftWorker:
         if state.branches and (not state.wants_lookahead or state.branches[0].score > state.lookahead_score):
             self._draft_branch(state.branches)
         elif state.wants_lookahead:
-            tokens, probs = self._draft(state.seq, state.limit - len(state.seq), "lookahead")
+            tokens, probs, ranks = self._draft(state.seq, state.limit - len(state.seq), "lookahead")
             if tokens:
-                self.verify_queue.put(Chunk(state.epoch, len(state.seq), tuple(tokens), probs))
+                self.verify_queue.put(Chunk(state.epoch, len(state.seq), tuple(tokens), probs, ranks))
                 state.seq.extend(tokens)
             else:
                 state.stalled = True
                 self.verify_queue.put(Stalled(state.epoch, len(state.seq)))
 
-    def _draft(self, context: list[int], max_tokens: int, what: str) -> tuple[list[int], np.ndarray | None]:
+    def _draft(self, context: list[int], max_tokens: int,
+               what: str) -> tuple[list[int], np.ndarray | None, Ranks | None]:
         """A single token from a draft model (so the worker can react to new messages between tokens),
-        or a whole proposal from a model-free drafter."""
+        or a whole proposal from a model-free drafter; with the draft's top candidates when ranking."""
+        ranks = None
         with self.timeline.span(DRAFT, what) as span:
             start = time.perf_counter()
-            if isinstance(self.drafter, DraftModel):
+            if self.rank_width:
+                ranked = list(self.drafter.propose_ranked(tuple(context), 1, self.rank_width))
+                pairs = [(t, q) for t, q, _, _ in ranked]
+                ranks = _checked_ranks(ranked, self.rank_width, self.vocab_size)
+            elif isinstance(self.drafter, DraftModel):
                 pairs = list(self.drafter.propose_iter(tuple(context), 1))
+            if isinstance(self.drafter, DraftModel):
                 rows = [q for _, q in pairs if q is not None]
                 draft = Draft([t for t, _ in pairs], np.stack(rows) if rows else None, self.drafter.name)
                 draft = check_draft(draft, min(max_tokens, 1), self.vocab_size)
@@ -222,14 +247,32 @@ class DraftWorker:
             span["tokens"] = len(draft.tokens)
         if draft.tokens:
             self.token_seconds.update((time.perf_counter() - start) / len(draft.tokens))
-        return list(draft.tokens), draft.probs
+        return list(draft.tokens), draft.probs, ranks
 
     def _draft_branch(self, branches: list[Branch]) -> None:
         branch = branches[0]
-        tokens, probs = self._draft(branch.context, branch.left, f"branch {branch.at}:{branch.correction}")
+        tokens, probs, ranks = self._draft(branch.context, branch.left, f"branch {branch.at}:{branch.correction}")
         if tokens:
-            self.verify_queue.put(BranchChunk(branch.base_len, branch.at, branch.correction, tuple(tokens), probs))
             branch.context.extend(tokens)
             branch.left -= len(tokens)
+            self.verify_queue.put(BranchChunk(branch.base_len, branch.at, branch.correction, tuple(tokens), probs,
+                                              branch.left <= 0, ranks))
         if not tokens or branch.left <= 0:
             branches.pop(0)
+
+
+def _checked_ranks(ranked: list, kappa: int, vocab_size: int) -> Ranks | None:
+    """The candidates of propose_ranked's tokens as Ranks, or None unless each token has 1..kappa ids in the
+    target vocabulary with log-probabilities (<= 0, no NaN): they are hints, so bad ones are ignored."""
+    if not ranked:
+        return None
+    try:
+        ids = np.stack([np.asarray(r[2]) for r in ranked]).astype(np.int64)
+        logp = np.stack([np.asarray(r[3], dtype=np.float64) for r in ranked])
+    except (TypeError, ValueError):
+        return None
+    if ids.ndim != 2 or ids.shape[0] != len(ranked) or ids.shape[1] > kappa or logp.shape != ids.shape or ids.min() < 0 or ids.max() >= vocab_size:
+        return None
+    if ids.size == 0 or np.isnan(logp).any() or (logp > 1e-6).any():
+        return None
+    return ids, logp

@@ -19,6 +19,7 @@ import hashlib
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+import torch
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import CausalLM, Draft
@@ -26,7 +27,7 @@ from mirrorsd.sampling import next_token_scores, sample_categorical
 
 
 class ModelDrafter:
-    """Implements mirrorsd.contracts.DraftModel."""
+    """Implements mirrorsd.contracts.RankingDraftModel (a DraftModel that reports its top candidates)."""
 
     def __init__(self, lm: CausalLM, name: str | None = None) -> None:
         self.lm = lm
@@ -47,6 +48,21 @@ class ModelDrafter:
     def propose_iter(self, committed: Sequence[int], max_tokens: int) -> Iterator[tuple[int, np.ndarray | None]]:
         """Draft tokens one at a time: (token, q row or None when greedy). The pipeline's draft worker
         uses this to check for newer instructions between tokens."""
+        for token, q, _ in self._drafted(committed, max_tokens):
+            yield token, q
+
+    def propose_ranked(self, committed: Sequence[int], max_tokens: int,
+                       kappa: int) -> Iterator[tuple[int, np.ndarray | None, np.ndarray, np.ndarray]]:
+        """As propose_iter, with the top-kappa ids and log-probabilities of each token's distribution (the
+        processed one it was drafted from): Mirror-SD branch candidates from the draft (RankingDraftModel)."""
+        for token, q, scores in self._drafted(committed, max_tokens):
+            # greedy: penalised logits; sampling: the processed probabilities (q)
+            logp = torch.log_softmax(scores.float(), dim=-1) if q is None else torch.log(scores.float())
+            top_logp, top_ids = torch.topk(logp, min(kappa, logp.shape[-1]))
+            yield token, q, top_ids.cpu().numpy(), top_logp.cpu().numpy()
+
+    def _drafted(self, committed: Sequence[int], max_tokens: int):
+        """(token, q row or None, processed scores [V]) per drafted position."""
         cfg = self._config
         context = list(committed)
         for _ in range(min(max_tokens, self.lm.max_context - len(context))):
@@ -57,7 +73,7 @@ class ModelDrafter:
             else:
                 q = scores.double().cpu().numpy()
                 token = sample_categorical(q, self._rng_for(context))
-            yield token, q
+            yield token, q, scores
             context.append(token)
 
     def propose(self, committed: Sequence[int], max_tokens: int) -> Draft:

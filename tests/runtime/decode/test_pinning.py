@@ -20,43 +20,31 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.s
 
 
 class WhereLM(TorchCausalLM):
-    """The target, noting on which cores and with how many torch threads each verify pass ran."""
+    """A model noting on which cores and with how many torch threads each of its passes ran."""
 
     seen: set
 
-    def score(self, committed, draft):
+    def score(self, committed, draft=()):
         self.seen.add((frozenset(os.sched_getaffinity(0)), torch.get_num_threads()))
         return super().score(committed, draft)
-
-
-class WhereDrafter(ModelDrafter):
-    seen: set
-
-    def propose(self, committed, k):  # the sequential loop's call
-        self.seen.add((frozenset(os.sched_getaffinity(0)), torch.get_num_threads()))
-        return super().propose(committed, k)
-
-    def propose_iter(self, committed, k):  # the pipeline's draft worker's
-        for pair in super().propose_iter(committed, k):
-            self.seen.add((frozenset(os.sched_getaffinity(0)), torch.get_num_threads()))
-            yield pair
 
 
 @pytest.mark.parametrize("mode", ["sequential", "overlap", "branches"])
 def test_each_side_runs_on_its_own_core_and_output_is_unchanged(mode, target_model, tokenizer):
     cores = sorted(os.sched_getaffinity(0))
     pins = CorePins(verify=cores[0], draft=cores[1])
-    target, drafter = WhereLM(target_model), WhereDrafter(TorchCausalLM(target_model))
-    target.seen, drafter.seen = set(), set()
-    engine = Engine(target, tokenizer, drafter, fallback=None)
+    target, draft_lm = WhereLM(target_model), WhereLM(target_model)
+    target.seen, draft_lm.seen = set(), set()
+    engine = Engine(target, tokenizer, ModelDrafter(draft_lm), fallback=None)
     reference = Engine(target_model, tokenizer, None)
     engine.pin_cores = pins
     cfg = GenerationConfig(max_new_tokens=24, num_draft_tokens=3, pipeline=mode)
     before = (os.sched_getaffinity(0), torch.get_num_threads())
     for prompt in PROMPTS:
-        assert engine.generate(prompt, cfg).token_ids == reference.generate(prompt, cfg).token_ids
+        result = engine.generate(prompt, cfg)
+        assert result.token_ids == reference.generate(prompt, cfg).token_ids and not result.stats.fallbacks
     assert target.seen == {(frozenset({pins.verify}), 1)}
-    assert drafter.seen == {(frozenset({pins.draft}), 1)}
+    assert draft_lm.seen == {(frozenset({pins.draft}), 1)}
     assert (os.sched_getaffinity(0), torch.get_num_threads()) == before  # the caller's thread is restored
     target.seen.clear()
     engine.pin_cores = None

@@ -79,10 +79,11 @@ def test_branches_hit_when_the_early_exit_layer_is_the_last(target_model, other_
     engine.eos_ids = frozenset()
     last = engine.verifier.early_exit.num_layers
     with pytest.raises(ConfigError):
-        engine.generate(PROMPTS[0], GenerationConfig(pipeline="branches", early_exit_layer=last))
+        engine.generate(PROMPTS[0], GenerationConfig(pipeline="branches", early_exit_layer=last,
+                                                     branch_source="early_exit"))
     # The hook at layer L-1 of 2 still reads the LM head through the final norm: a strong hint on this model.
     cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=3, adaptive_k=False, pipeline="branches",
-                           early_exit_layer=last - 1, branch_width=4)
+                           early_exit_layer=last - 1, branch_width=4, branch_source="early_exit")
     hits = misses = 0
     for prompt in PROMPTS:
         result = engine.generate(prompt, cfg)
@@ -273,6 +274,11 @@ class SlowDraftModel(ModelDrafter):
         for pair in super().propose_iter(committed, max_tokens):
             time.sleep(0.03)
             yield pair
+
+    def propose_ranked(self, committed, max_tokens, kappa):  # what the worker calls for "branches"
+        for ranked in super().propose_ranked(committed, max_tokens, kappa):
+            time.sleep(0.03)
+            yield ranked
 
 
 @pytest.mark.parametrize("mode", ["overlap", "branches"])

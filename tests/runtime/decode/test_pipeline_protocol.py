@@ -11,9 +11,9 @@ import pytest
 
 from mirrorsd import Draft, GenerationConfig
 from mirrorsd.runtime.decode.branches import Hint, plan_branches
-from mirrorsd.runtime.decode.lookahead import Lookahead, drain, fill, take
-from mirrorsd.runtime.decode.worker import (STOP, Advance, BranchChunk, Chunk, DraftWorker, Rebase, Stalled,
-                                            WorkerFailed)
+from mirrorsd.runtime.decode.lookahead import Lookahead, StepBranches, drain, fill, take
+from mirrorsd.runtime.decode.worker import (STOP, Advance, BranchChunk, BranchesPlanned, Chunk, DraftWorker, Rebase,
+                                            Stalled, WorkerFailed)
 from mirrorsd.runtime.timeline import Timeline
 
 VOCAB = 100
@@ -81,12 +81,12 @@ def worker_for():
 # -- take: one message at a time -------------------------------------------------------------------
 
 def test_take_keeps_contiguous_chunks_of_the_epoch_and_drops_the_rest():
-    look, branches = Lookahead(epoch=3), {}
+    look, branches = Lookahead(epoch=3), StepBranches()
     assert take(Chunk(3, 20, (1, 2), None), look, 20, None, branches) is None
     take(Chunk(3, 23, (9,), None), look, 20, None, branches)  # a gap: position 22 never arrived
     take(Chunk(2, 22, (9,), None), look, 20, None, branches)  # a stale epoch
     take(Chunk(3, 22, (3,), None), look, 20, None, branches)
-    assert look.tokens == [1, 2, 3] and look.probs == [None] * 3
+    assert look.tokens == [1, 2, 3] and look.probs == [None] * 3 and look.ranks == [None] * 3
     take(Stalled(2, 23), look, 20, None, branches)
     assert look.stalled_at is None
     take(Stalled(3, 23), look, 20, None, branches)
@@ -95,21 +95,40 @@ def test_take_keeps_contiguous_chunks_of_the_epoch_and_drops_the_rest():
 
 
 def test_take_collects_this_steps_branches_only():
-    look, branches = Lookahead(), {}
+    look, branches = Lookahead(), StepBranches()
     q = np.full((2, VOCAB), 1.0 / VOCAB)
+    assert branches.state((1, 7)) == "none" and branches.planned is None
+    take(BranchesPlanned(19, ((0, 8),)), look, 20, 20, branches)  # an earlier step's plan
+    take(BranchesPlanned(20, ((1, 7), (0, 3), (2, 5))), look, 20, 20, branches)
+    assert branches.state((1, 7)) == "queued" and branches.state((0, 8)) == "none"
     take(BranchChunk(20, 1, 7, (4, 5), q), look, 20, 20, branches)
-    take(BranchChunk(20, 1, 7, (6,), None), look, 20, 20, branches)
-    take(BranchChunk(19, 0, 8, (1,), None), look, 20, 20, branches)  # an earlier step's
-    assert list(branches) == [(1, 7)]
-    tokens, probs = branches[(1, 7)]
-    assert tokens == [4, 5, 6] and len(probs) == 3 and probs[2] is None
+    assert branches.state((1, 7)) == "drafting"
+    take(BranchChunk(20, 1, 7, (6,), None, True), look, 20, 20, branches)
+    take(BranchChunk(20, 0, 3, (6,), None, False), look, 20, 20, branches)
+    take(BranchChunk(19, 0, 8, (1,), None, True), look, 20, 20, branches)  # an earlier step's
+    assert list(branches.drafted) == [(1, 7), (0, 3)]
+    tokens, probs, ranks = branches.get((1, 7))
+    assert tokens == [4, 5, 6] and len(probs) == 3 and probs[2] is None and ranks == [None] * 3
+    assert branches.state((1, 7)) == "ready" and branches.state((0, 3)) == "drafting" and branches.ready == 1
+
+
+def test_chunks_carry_the_drafts_candidates_into_the_lookahead():
+    look = Lookahead()
+    ids, logp = np.array([[1, 4], [2, 5]]), np.log(np.array([[0.6, 0.3], [0.9, 0.1]]))
+    take(Chunk(0, 10, (1, 2), None, (ids, logp)), look, 10, None, StepBranches())
+    assert look.candidates(1)[0].tolist() == [[1, 4], [2, 5]]  # k=1: the drafted position and the bonus one
+    assert look.candidates(5)[0].shape == (2, 2)  # only what arrived
+    look.advance(1)
+    assert look.candidates(0)[0].tolist() == [[2, 5]]
+    take(Chunk(0, 11, (3,), None), look, 10, None, StepBranches())  # a chunk without candidates
+    assert look.candidates(1) is None
 
 
 def test_lookahead_advance_and_rebase():
-    look = Lookahead(tokens=[1, 2, 3], probs=[None] * 3)
+    look = Lookahead(tokens=[1, 2, 3], probs=[None] * 3, ranks=[None] * 3)
     look.advance(2)
-    assert look.tokens == [3]
-    look.rebase(([7, 8], [None, None]))
+    assert look.tokens == [3] and look.ranks == [None]
+    look.rebase(([7, 8], [None, None], [None, None]))
     assert (look.epoch, look.tokens, look.stalled_at) == (1, [7, 8], None)
     look.rebase(None)
     assert (look.epoch, look.tokens) == (2, [])
@@ -166,7 +185,7 @@ def test_drain_takes_what_arrived_and_keeps_a_failure_for_fill(worker_for):
     worker, look = worker_for(Raises()), Lookahead()
     worker.verify_queue.put(Chunk(0, 10, (1,), None))
     worker.verify_queue.put(WorkerFailed("gone"))
-    assert drain(worker, look, 10, None) == {}
+    assert drain(worker, look, 10, None).drafted == {}
     assert look.tokens == [1] and isinstance(worker.verify_queue.get_nowait(), WorkerFailed)
 
 
@@ -218,10 +237,13 @@ def test_the_worker_drafts_hinted_branches_best_first(worker_for):
                                 top_p=[[0.7, 0.3], [0.4, 0.6], [0.9, 0.1]], max_tokens=2))
     chunks = []
     deadline = time.perf_counter() + 5
-    while len(chunks) < 4 and time.perf_counter() < deadline:
+    while len(chunks) < 5 and time.perf_counter() < deadline:
         try:
             chunks.append(worker.verify_queue.get(timeout=0.1))
         except Exception:  # noqa: BLE001 - queue.Empty: keep waiting
             pass
+    plan, chunks = chunks[0], chunks[1:]
+    assert isinstance(plan, BranchesPlanned) and plan.keys == ((1, 21), (0, 30), (2, 22), (2, 32))
     assert [(c.at, c.correction) for c in chunks] == [(1, 21), (0, 30), (2, 22), (2, 32)]
+    assert all(c.finished for c in chunks)
     assert chunks[0].tokens == tuple(TRUTH[12:14]) and chunks[1].tokens == (99, 99)
