@@ -27,6 +27,7 @@ from mirrorsd.apps.bench_configs import (CONFIGS, CPP_TARGET_ONLY, ONNX_TARGET_O
                                          BenchConfig, BenchContext, Output, measure_memory)
 from mirrorsd.apps.prompt_suite import CATEGORIES, BenchPrompt, bundled_suite, load_workload
 from mirrorsd.errors import ConfigError
+from mirrorsd.runtime.decode.threads import CorePins
 
 QUICK = dict(target="smollm2-135m", draft_model=None, per_category=1, max_new_tokens=48, repeats=2)
 
@@ -69,7 +70,7 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
         raise ConfigError("--repeats, --max-new-tokens and --per-category must be >= 1", "e.g. --repeats 2")
     if opts.pin_devices and not opts.only:
         opts = replace(opts, only=tuple(PINNED))
-    pins = pin_cores() if opts.pin_devices else None
+    pins = CorePins.first_two() if opts.pin_devices else None
     chosen = _choose(configs if configs is not None else list(CONFIGS), opts)
     memory: dict[str, float] = {}
     if engine is None and any(c.reference == TARGET_ONLY for c in chosen):  # a torch row is to run
@@ -246,19 +247,6 @@ def _eta(elapsed: float, done: int, total: int) -> str:
     """mm:ss left at the mean time per run so far (runs differ, but every prompt visits every configuration)."""
     left = round(elapsed / done * (total - done)) if done else 0
     return f"{left // 60:02d}:{left % 60:02d}"
-
-
-def pin_cores():
-    """The first two usable cores: the verify side on one, the draft side on the other."""
-    import os
-
-    from mirrorsd.runtime.decode.threads import CorePins
-
-    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if len(usable) < 2:
-        raise ConfigError("--pin-devices needs two usable cores and per-thread affinity (Linux)",
-                          f"usable cores here: {usable}")
-    return CorePins(usable[0], usable[1])
 
 
 def _choose(chosen: list[BenchConfig], opts: BenchOptions) -> list[BenchConfig]:

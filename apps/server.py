@@ -416,8 +416,13 @@ def _logprobs(tokenizer, token_ids: list[int], entries, chat: bool, offset: int 
     lists (text_offset counts from `offset`). None when the request did not ask for them."""
     if entries is None:
         return None
-    def text(t: int) -> str:
-        return tokenizer.decode([t])
+    pieces: dict[int, str] = {}
+
+    def text(t: int) -> str:  # each id decoded once per call
+        if t not in pieces:
+            pieces[t] = tokenizer.decode([t])
+        return pieces[t]
+
     if chat:
         return {"content": [
             {"token": text(t), "logprob": e.logprob, "bytes": list(text(t).encode()),
@@ -490,14 +495,15 @@ async def _sse(job: Job, rid: str, model_id: str, chat: bool, include_usage: boo
         return f"data: {json.dumps(out)}\n\n"
 
     pending: list[TokenEvent] = []  # tokens whose log-probabilities go out with the next text
-    sent = 0  # characters sent: the completions API's text_offset
+    sent = 0  # characters of the logprob tokens sent: the completions API's text_offset
 
     def logprobs() -> dict | None:
         nonlocal sent
         if not pending or pending[0].logprob is None:
             return None
         out = _logprobs(tokenizer, [e.token_id for e in pending], [e.logprob for e in pending], chat, sent)
-        sent += sum(len(tokenizer.decode([e.token_id])) for e in pending)
+        if not chat:  # only the completions shape carries text offsets
+            sent += sum(len(token) for token in out["tokens"])
         pending.clear()
         return out
 

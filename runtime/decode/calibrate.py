@@ -67,7 +67,7 @@ def calibrate(verifier: CausalLM, drafter: DraftModel, k: int, pins: CorePins | 
             verifier.score(context, [])  # prefill: the passes below score the draft only
             draft_lm.score(context, [])
             verify_s = _median(lambda: verifier.score(context, draft))
-            draft_token_s = _median(lambda: _draft_tokens(draft_lm, context, 1))
+            draft_token_s = _median(lambda: draft_lm.score(context + context[:1], []))  # one decode step
             shared = _side_by_side(verifier, draft_lm, context, draft, draft_core, threads)
     finally:
         verifier.reset()
@@ -82,11 +82,6 @@ def _median(run) -> float:
         run()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def _draft_tokens(draft_lm: CausalLM, context: list[int], n: int) -> None:
-    for i in range(n):  # one-token decode steps past the cached context
-        draft_lm.score(context + context[:1] * (i + 1), [])
 
 
 def _side_by_side(verifier: CausalLM, draft_lm: CausalLM, context: list[int], draft: list[int],

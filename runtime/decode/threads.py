@@ -49,6 +49,12 @@ class CorePins:
             raise ConfigError(f"pinning needs two different usable cores, got {self.verify} and {self.draft}",
                               f"usable cores here: {sorted(usable)}")
 
+    @classmethod
+    def first_two(cls) -> CorePins:
+        """The verify side on the first usable core, the draft side on the second."""
+        usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        return cls(*(usable + [-1, -1])[:2])  # too few cores: __post_init__ says so
+
 
 @contextmanager
 def pinned(core: int | None, control: ThreadControl | None = None):
