@@ -296,7 +296,8 @@ def export_cmd(
     profile: Annotated[Optional[str], typer.Option(help="npu (static shapes) | dynamic (CPU/GPU providers); "
                                                         "default: npu for a draft, dynamic for a verifier.")] = None,
     precision: Annotated[str, typer.Option(help="fp32 | fp16.")] = "fp32",
-    quant: Annotated[str, typer.Option(help="none | int8 (QDQ for npu, dynamic for dynamic) | int4.")] = "none",
+    quant: Annotated[str, typer.Option(help="none | int8 (QDQ for npu, dynamic for dynamic) | int4 | gguf (a "
+                                            "GGUF's own blocks in MatMulNBits, not re-rounded).")] = "none",
     max_context: Annotated[Optional[int], typer.Option(help="KV cache slots, the longest context the model "
                                                             "sees (default 1024 for a draft, 4096 for a verifier).")] = None,
     prefill_chunk: Annotated[int, typer.Option(help="Tokens per prefill block (npu profile).")] = 16,

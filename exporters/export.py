@@ -20,7 +20,7 @@ ROLES = ("draft", "verifier")
 FORMATS = ("onnx", "coreml")
 PROFILES = ("npu", "dynamic")
 PRECISIONS = ("fp32", "fp16")
-QUANTS = ("none", "int8", "int4")
+QUANTS = ("none", "int8", "int4", "gguf")
 
 # Text the exports are calibrated and validated on: code, prose, chat, JSON (short, so it is fast).
 PROMPTS = [
@@ -43,6 +43,9 @@ def _check_options(role: str, fmt: str, profile: str, precision: str, quant: str
                           "[--quant int4|int8] [--precision fp16]")
     if quant != "none" and precision != "fp32":
         raise ConfigError("quantized exports start from fp32 weights", "pass --precision fp32 with --quant")
+    if quant == "gguf" and (fmt != "onnx" or profile != "dynamic"):
+        raise ConfigError("--quant gguf carries a GGUF's blocks into MatMulNBits, a CPU/GPU provider format",
+                          "use --format onnx --profile dynamic with --quant gguf")
     if fmt == "onnx" and quant == "int4" and profile == "npu":
         raise ConfigError("4-bit MatMulNBits is a CPU/GPU provider format; NPU providers do not take it",
                           "use --profile dynamic with --quant int4, or --quant int8 (QDQ) for the NPU profile")
@@ -69,7 +72,7 @@ def providers_for(fmt: str, profile: str, quant: str) -> list[str]:
 def export_verifier(model, out: str | Path, precision: str = "fp32", quant: str = "int4", max_context: int = 4096,
                     tokenizer=None, validate: bool = True, progress: bool = False, **options) -> dict:
     """Export a target model for the ONNX Runtime backend (`Engine.load(out)`, `--backend onnx`).
-    options: phases, verbose, limits (as export_draft)."""
+    options: gguf, phases, verbose, limits (as export_draft)."""
     return export_draft(model, out, role="verifier", profile="dynamic", precision=precision, quant=quant,
                         max_context=max_context, tokenizer=tokenizer, validate=validate, progress=progress, **options)
 
@@ -77,7 +80,7 @@ def export_verifier(model, out: str | Path, precision: str = "fp32", quant: str 
 def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str | None = None, precision: str = "fp32",
                  quant: str = "none", max_context: int = 1024, prefill_chunk: int = 16, tokenizer=None,
                  validate: bool = True, progress: bool = False, role: str = "draft", phases: PhaseLog | None = None,
-                 verbose: bool = False, limits: Limits | None = None) -> dict:
+                 verbose: bool = False, limits: Limits | None = None, gguf: str | Path | None = None) -> dict:
     """Export a model; returns the manifest (with a "validation" report unless validate=False).
 
     model: a model argument (catalog name, folder, .gguf) or an in-memory transformers model (then
@@ -85,10 +88,13 @@ def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str | None 
     role: "draft" or "verifier" (see export_verifier). profile: default npu for a draft, dynamic for a verifier.
     phases: times the load/export/quantize/validate phases and tells its listener (the CLI's display);
     verbose: let the tools' own logs and warnings through; limits: validation thresholds.
+    quant "gguf": the GGUF's own blocks in MatMulNBits (exporters/gguf_blocks.py); the GGUF is the model
+    argument's (a catalog name or a .gguf path), or `gguf` for an in-memory model loaded from one.
     """
     profile = profile or ("dynamic" if role == "verifier" else "npu")
     _check_options(role, fmt, profile, precision, quant, max_context, prefill_chunk)
     phases = phases or PhaseLog()
+    gguf_path = _gguf_source(model, gguf) if quant == "gguf" else None
     with quiet_tools(verbose):
         spec = model if isinstance(model, str) else None
         if spec is not None:
@@ -101,7 +107,7 @@ def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str | None 
         if tokenizer is None:
             raise ConfigError("an in-memory model needs its tokenizer", "export_draft(model, out, tokenizer=tok)")
         manifest = _export(model, tokenizer, spec, Path(out), role, fmt, profile, precision, quant, max_context,
-                           prefill_chunk, phases)
+                           prefill_chunk, phases, gguf_path)
         if validate:
             from mirrorsd.exporters.validate import validate_export
 
@@ -112,6 +118,22 @@ def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str | None 
     manifest["phase_seconds"] = dict(phases.seconds)
     write_manifest(Path(out), manifest)
     return manifest
+
+
+def _gguf_source(model, gguf: str | Path | None) -> Path:
+    """The GGUF whose blocks `--quant gguf` carries."""
+    from mirrorsd import catalog
+    from mirrorsd.models import is_gguf
+
+    if gguf is None and isinstance(model, str) and is_gguf(model):
+        gguf = catalog.ensure_gguf(model) if model in catalog.CATALOG else model
+    if gguf is None:
+        raise ConfigError("--quant gguf carries a GGUF file's own blocks, and this model is not a GGUF",
+                          "export a catalog model or a .gguf file, or use --quant int4")
+    path = Path(gguf).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"GGUF file not found: {path}", "pass an existing .gguf file")
+    return path
 
 
 def _prepare(out: Path) -> None:
@@ -126,11 +148,12 @@ def _prepare(out: Path) -> None:
 
 
 def _graphs(model, out: Path, fmt: str, profile: str, max_context: int, prefill_chunk: int, precision: str,
-            quant: str, prompts: list[list[int]], phases: PhaseLog) -> tuple[dict, dict]:
+            quant: str, prompts: list[list[int]], phases: PhaseLog, gguf: Path | None = None) -> tuple[dict, dict]:
     if fmt == "onnx":
         from mirrorsd.exporters.onnx_export import OPSET, export_onnx_graphs
 
-        graphs = export_onnx_graphs(model, out, profile, max_context, prefill_chunk, precision, quant, prompts, phases)
+        graphs = export_onnx_graphs(model, out, profile, max_context, prefill_chunk, precision, quant, prompts, phases,
+                                    gguf)
         return graphs, {"opset": OPSET, "io": _onnx_io(model_dims(model.config), graphs, profile, max_context)}
     from mirrorsd.exporters.coreml_export import export_coreml
 
@@ -141,7 +164,7 @@ def _graphs(model, out: Path, fmt: str, profile: str, max_context: int, prefill_
 
 
 def _export(model, tokenizer, spec: str | None, out: Path, role: str, fmt: str, profile: str, precision: str,
-            quant: str, max_context: int, prefill_chunk: int, phases: PhaseLog) -> dict:
+            quant: str, max_context: int, prefill_chunk: int, phases: PhaseLog, gguf: Path | None = None) -> dict:
     """Write the graphs, the tokenizer and the manifest (no validation yet); returns the manifest."""
     from mirrorsd.exporters.decoder import check_supported
     from mirrorsd.exporters.manifest import tool_versions
@@ -152,11 +175,12 @@ def _export(model, tokenizer, spec: str | None, out: Path, role: str, fmt: str, 
     _prepare(out)
     max_context = min(max_context, int(getattr(model.config, "max_position_embeddings", max_context) or max_context))
     dims = model_dims(model.config)
-    source = _source(spec)
+    source = _source(spec, gguf)
     t0 = time.perf_counter()
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
     try:
-        graphs, extra = _graphs(model, out, fmt, profile, max_context, prefill_chunk, precision, quant, prompts, phases)
+        graphs, extra = _graphs(model, out, fmt, profile, max_context, prefill_chunk, precision, quant, prompts, phases,
+                                gguf)
         tokenizer.save_pretrained(out / TOKENIZER_DIR)  # a verifier export is loaded without its source model
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)  # no half-written export left behind
@@ -171,7 +195,7 @@ def _export(model, tokenizer, spec: str | None, out: Path, role: str, fmt: str, 
                       "eos_token_id": tokenizer.eos_token_id},
         "eos_ids": sorted(eos_ids(model, tokenizer)), "source": source,
         "precision": "fp16" if fmt == "coreml" else precision, "quant": quant,
-        "quant_form": _quant_form(fmt, profile, quant, from_gguf="gguf" in source), "providers": providers_for(fmt, profile, quant),
+        "quant_form": _quant_form(fmt, profile, quant, from_gguf="gguf" in source, graphs=graphs), "providers": providers_for(fmt, profile, quant),
         "tools": tool_versions(), "export_seconds": round(time.perf_counter() - t0, 1),
         "exported_on": platform.platform(), **extra,
     }
@@ -179,20 +203,36 @@ def _export(model, tokenizer, spec: str | None, out: Path, role: str, fmt: str, 
     return manifest
 
 
-def _source(spec: str | None) -> dict:
-    """Where the weights came from. A GGUF's blocks are dequantized to float32 on loading (transformers),
-    and a quantized export re-rounds those floats: validation's top-1 agreement is measured against them."""
+def _source(spec: str | None, carried: Path | None = None) -> dict:
+    """Where the weights came from. A GGUF's blocks are dequantized to float32 on loading (transformers);
+    an int4/int8 export re-rounds those floats, a gguf export carries the file's own blocks."""
     from mirrorsd.models import is_gguf
 
+    if carried is not None:
+        return {"model": spec or "in-memory model", "weights": "GGUF blocks, carried into MatMulNBits",
+                "gguf": carried.name}
     if spec is None or not is_gguf(spec):
         return {"model": spec or "in-memory model", "weights": "float"}
     gguf = Path(spec).name if spec.endswith(".gguf") else f"{spec}.gguf"  # the catalog keeps <name>.gguf
     return {"model": spec, "weights": "GGUF, dequantized to float32", "gguf": gguf}
 
 
-def _quant_form(fmt: str, profile: str, quant: str, from_gguf: bool = False) -> str:
+def _quant_form(fmt: str, profile: str, quant: str, from_gguf: bool = False, graphs: dict | None = None) -> str:
     if quant == "none":
         return "none"
+    if quant == "gguf":
+        from mirrorsd.exporters.gguf_blocks import FORMS
+
+        counts: dict[str, int] = {}
+        for graph in (graphs or {}).values():
+            for qtype, n in graph.get("carried", {}).items():
+                counts[qtype] = counts.get(qtype, 0) + n
+        forms = "; ".join(f"{q} x{n} as {FORMS[q][0]}-bit, block {FORMS[q][1]}, "
+                          + (f"zero point {FORMS[q][2]}" if q not in ("Q4_1", "Q5_1", "Q4_K", "Q5_K")
+                             else "zero point 0 and a block-sum correction") for q, n in sorted(counts.items()))
+        kept = sum(n for graph in (graphs or {}).values() for n in graph.get("float32", {}).values())
+        return (f"the GGUF's own blocks in MatMulNBits, not re-rounded ({forms})"
+                + (f"; {kept} weight matrices kept float32 (see graphs)" if kept else ""))
     if quant == "int4":
         if fmt == "coreml":
             return "palettized 4-bit (coremltools.optimize)"

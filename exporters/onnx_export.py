@@ -139,9 +139,10 @@ def remove_graph(path: Path) -> None:
 
 
 def export_onnx_graphs(model, out: Path, profile: str, max_context: int, prefill_chunk: int, precision: str,
-                       quant: str, calibration_prompts: list[list[int]], phases: PhaseLog | None = None) -> dict[str, dict]:
+                       quant: str, calibration_prompts: list[list[int]], phases: PhaseLog | None = None,
+                       gguf: Path | None = None) -> dict[str, dict]:
     """Write the graphs of one export into `out` (phases "export", then "quantize"); returns
-    {graph name: {"file", "block"}}."""
+    {graph name: {"file", "block"}} (and, for quant "gguf", what was carried: gguf_blocks)."""
     phases = phases or PhaseLog()
     blocks = graph_blocks(profile, prefill_chunk)
     raw = out / "fp32"
@@ -159,7 +160,7 @@ def export_onnx_graphs(model, out: Path, profile: str, max_context: int, prefill
                 from mirrorsd.runtime.backends.onnx_lm import calibration_feeds
 
                 calibration = calibration_feeds(raw, blocks, max_context, decoder.dims, calibration_prompts)
-            graphs = _convert(raw, out, blocks, _converter(quant, profile, calibration))
+            graphs = _convert(raw, out, blocks, _converter(quant, profile, calibration, gguf))
     shutil.rmtree(raw, ignore_errors=True)
     return graphs
 
@@ -168,8 +169,8 @@ def _convert(raw: Path, out: Path, blocks: dict, convert) -> dict[str, dict]:
     graphs = {}
     for name, block in blocks.items():
         dst = out / f"{name}.onnx"
-        convert(raw / f"{name}.onnx", dst, name)
-        graphs[name] = {"file": dst.name, "block": block}
+        report = convert(raw / f"{name}.onnx", dst, name)
+        graphs[name] = {"file": dst.name, "block": block, **(report or {})}
     return graphs
 
 
@@ -179,8 +180,13 @@ def _move_graph(src: Path, dst: Path) -> None:
     shutil.move(src.parent / (src.name + ".data"), dst.parent / (dst.name + ".data"))
 
 
-def _converter(quant: str, profile: str, calibration: dict | None):
-    """(src, dst, graph name) -> None: the fp16 conversion or quantization the options ask for."""
+def _converter(quant: str, profile: str, calibration: dict | None, gguf: Path | None = None):
+    """(src, dst, graph name) -> None or a report for the manifest: the fp16 conversion or quantization
+    the options ask for."""
+    if quant == "gguf":
+        from mirrorsd.exporters.gguf_blocks import carry_gguf_blocks
+
+        return lambda src, dst, name: carry_gguf_blocks(src, dst, gguf)
     if quant == "none":
         return lambda src, dst, name: to_fp16(src, dst)
     if quant == "int4":

@@ -6,7 +6,7 @@ against the dequantized weights and ms per call. Why: docs/measurements.md ("GGU
 """
 import numpy as np, onnxruntime as ort, time
 from onnx import helper, TensorProto, numpy_helper
-def build(K, N, bits, block, q, scales, zp, float_zp):
+def build(K, N, bits, block, q, scales, zp, float_zp, ACC=4):
     # q: [N, K] ints in [0, 2^bits); pack per MatMulNBits layout: [N, n_blocks, blob]
     nb = K // block
     if bits == 4:
@@ -26,7 +26,7 @@ def build(K, N, bits, block, q, scales, zp, float_zp):
                 z = (z[:, 0::2] | (z[:, 1::2] << 4)).reshape(-1)
             inits.append(numpy_helper.from_array(z.reshape(-1), "Z"))
         inputs.append("Z")
-    node = helper.make_node("MatMulNBits", inputs, ["Y"], domain="com.microsoft", K=K, N=N, bits=bits, block_size=block, accuracy_level=4)
+    node = helper.make_node("MatMulNBits", inputs, ["Y"], domain="com.microsoft", K=K, N=N, bits=bits, block_size=block, accuracy_level=ACC)
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
                           [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])

@@ -6,7 +6,7 @@ at run time; this prints the curve). Each backend loads the same catalog model: 
 linear layers on the CPU) and llama.cpp on the GGUF file as it is.
 
     .venv/bin/python scripts/verify_cost.py [--target qwen2.5-coder-1.5b] [--backends torch llamacpp onnx]
-        [--onnx-export DIR]   # the onnx backend runs a `mirrorsd export --role verifier` folder of the target
+        [--onnx-export DIR [DIR ...]]   # the onnx backend runs `mirrorsd export --role verifier` folders
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import platform
 import statistics
 import time
+from pathlib import Path
 
 from mirrorsd.runtime.backends import load_lm
 
@@ -36,15 +37,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--backends", nargs="+", default=["torch", "llamacpp"])
-    ap.add_argument("--onnx-export", help="verifier export of the target, for the onnx backend")
+    ap.add_argument("--onnx-export", nargs="+", default=[], help="verifier exports of the target (onnx backend)")
     ap.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16])
     args = ap.parse_args()
     rows = {}
-    for backend in args.backends:
-        if backend == "onnx" and not args.onnx_export:
-            raise SystemExit("--backends onnx needs --onnx-export DIR (mirrorsd export --role verifier)")
-        lm = load_lm(args.onnx_export if backend == "onnx" else args.target, backend, device="cpu", progress=True).lm
-        rows[lm.backend] = [pass_seconds(lm, k) for k in args.ks]
+    if "onnx" in args.backends and not args.onnx_export:
+        raise SystemExit("--backends onnx needs --onnx-export DIR (mirrorsd export --role verifier)")
+    runs = [(b, args.target) for b in args.backends if b != "onnx"]
+    runs += [("onnx", d) for d in args.onnx_export if "onnx" in args.backends]
+    for backend, model in runs:
+        lm = load_lm(model, backend, device="cpu", progress=True).lm
+        name = lm.backend if backend != "onnx" else f"{lm.backend} {Path(model).name}"
+        rows[name] = [pass_seconds(lm, k) for k in args.ks]
         lm.close()
     print(f"\n{args.target}, {platform.processor() or platform.machine()}; seconds per verify pass of K drafted "
           "tokens (K+1 positions) after a 200-token context, median of 5, and in units of a plain decode step "

@@ -60,3 +60,49 @@ def write_llama_gguf(model, path: Path, quant: str = "F32") -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def quantize_gguf(src: Path, dst: Path, ftype: str = "Q4_K_M") -> Path:
+    """llama.cpp's own quantizer (llama_model_quantize, as `llama-quantize` runs it) on a GGUF file:
+    real Q4_K / Q6_K / ... blocks, with llama.cpp's choice of type per tensor."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    if llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama_model_quantize failed on {src}")
+    return dst
+
+
+def load_gguf_weights(model, path: Path):
+    """`model` (the LlamaForCausalLM a write_llama_gguf file came from) with the file's weights,
+    dequantized as transformers dequantizes a GGUF (gguf-py), q and k back in HF's rotary layout."""
+    import gguf
+    import torch
+
+    cfg = model.config
+    hf = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+          "output.weight": "lm_head.weight"}
+    per_layer = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+                 "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+    state = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        w = gguf.quants.dequantize(t.data, t.tensor_type).reshape([int(d) for d in reversed(t.shape)])
+        if t.name.startswith("blk."):
+            _, i, part, _ = t.name.split(".")
+            if part == "attn_q":
+                w = _unpermute(w, cfg.num_attention_heads)
+            elif part == "attn_k":
+                w = _unpermute(w, cfg.num_key_value_heads)
+            state[f"model.layers.{i}.{per_layer[part]}.weight"] = torch.from_numpy(np.array(w, dtype=np.float32))
+        else:
+            state[hf[t.name]] = torch.from_numpy(np.array(w, dtype=np.float32))
+    model.load_state_dict(state, strict=False)
+    return model
