@@ -155,7 +155,7 @@ def bundled_suite(per_category: int) -> list[BenchPrompt]:
 def load_workload(path: str | Path) -> list[BenchPrompt]:
     """A user's JSONL workload: one object per line, {"messages": [...]} (chat template), {"prompt": "..."}
     (one user message) or {"text": "..."} (raw text); optional "category" (default "custom"),
-    "temperature" (default 0, greedy) and "json_schema" (structured output)."""
+    "temperature" (default 0, greedy), "top_p" (default 1) and "json_schema" (structured output)."""
     p = Path(path)
     if not p.is_file():
         raise PromptError(f"prompt file {str(path)!r} does not exist", "give a JSONL file, one prompt per line")
@@ -173,11 +173,14 @@ def load_workload(path: str | Path) -> list[BenchPrompt]:
         temperature = obj.get("temperature", 0.0)
         if not isinstance(temperature, (int, float)) or temperature < 0:
             raise PromptError(f"{path}:{n}: temperature must be a number >= 0", "0 means greedy")
+        top_p = obj.get("top_p", 1.0)
+        if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+            raise PromptError(f"{path}:{n}: top_p must be a number in (0, 1]", "1 keeps the whole distribution")
         schema = obj.get("json_schema")
         if schema is not None and not isinstance(schema, dict):
             raise PromptError(f"{path}:{n}: json_schema must be a JSON object", '{"json_schema": {"type": "object"}}')
-        kw = dict(category=category, temperature=float(temperature), label=str(obj.get("id", f"{p.name}:{n}")),
-                  json_schema=schema)
+        kw = dict(category=category, temperature=float(temperature), top_p=float(top_p),
+                  label=str(obj.get("id", f"{p.name}:{n}")), json_schema=schema)
         if isinstance(obj.get("messages"), list) and obj["messages"]:
             prompts.append(BenchPrompt(messages=obj["messages"], **kw))
         elif isinstance(obj.get("prompt"), str) and obj["prompt"]:

@@ -129,11 +129,13 @@ def test_bundled_suite_covers_every_category():
 def test_workload_files_load_and_bad_ones_are_clear_errors(tmp_path):
     good = tmp_path / "w.jsonl"
     good.write_text('{"prompt": "hi", "category": "greet"}\n\n{"messages": [{"role": "user", "content": "x"}]}\n'
-                    '{"text": "raw", "temperature": 0.7}\n')
+                    '{"text": "raw", "temperature": 0.7, "top_p": 0.9}\n')
     loaded = load_workload(good)
     assert [p.category for p in loaded] == ["greet", "custom", "custom"] and loaded[2].temperature == 0.7
+    assert loaded[2].top_p == 0.9 and loaded[0].top_p == 1.0
     for content, message in (("not json\n", "not valid JSON"), ('{"x": 1}\n', "has no prompt"),
-                             ('{"prompt": "a", "temperature": -1}\n', "temperature")):
+                             ('{"prompt": "a", "temperature": -1}\n', "temperature"),
+                             ('{"prompt": "a", "top_p": 0}\n', "top_p")):
         bad = tmp_path / "bad.jsonl"
         bad.write_text(content)
         with pytest.raises(PromptError, match=message):

@@ -104,6 +104,28 @@ def test_processing_matches_transformers(temperature, top_k, top_p, penalty):
     np.testing.assert_allclose(ours[0].double().numpy(), ref, atol=1e-6)
 
 
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.95, 0.999])
+def test_top_p_on_a_large_vocabulary_keeps_what_transformers_keeps(top_p):
+    """The partial top-k nucleus (widened when the first 256 tokens hold too little mass) against
+    transformers' full sort, on a 151,936-token vocabulary: peaked, middling and flat rows."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    from mirrorsd.sampling import top_p_keep
+
+    torch.manual_seed(1)
+    logits = torch.randn(4, 151936) * torch.tensor([[8.0], [3.0], [1.0], [0.1]])
+    expected = TopPLogitsWarper(top_p)(torch.zeros(4, 1, dtype=torch.long), logits.clone()) > float("-inf")
+    keep = top_p_keep(logits, top_p)
+    probs = logits.double().softmax(dim=-1)
+    for row in range(4):  # transformers sums 150k float32 terms: only tokens at the boundary may differ
+        differ = (keep[row] != expected[row]).nonzero().flatten()
+        assert probs[row, differ].sum() < 1e-4, row
+        for token in differ:
+            above = probs[row][probs[row] > probs[row, token]].sum()
+            assert abs(above - top_p) < 1e-4, (row, token, above)
+    assert keep[3].sum() > 2048  # the flat row needed the widening
+
+
 # -- the statistical test: rejection sampling reproduces p -------------------------------------------
 
 def _random_case(seed: int, vocab: int = 6, k: int = 2):
