@@ -17,7 +17,8 @@ class SpeculationGate:
     drafting afresh; a failed probe doubles the pause (up to max_backoff), a good one resets it. Until
     both kinds of step have been measured it drafts, except that a drafter which always proposes gets
     one plain step after `measure_plain_after` drafted ones, so there is a plain rate to compare with.
-    (The loops do not record a request's first step: it carries the prompt prefill.)
+    (The loops do not record a request's first step: it carries the prompt prefill.) The K schedule's
+    cost model may pause drafting sooner (`pause`), where it predicts a loss at every K.
 
     Timing-based switching changes which random numbers a sampling run draws, so with a seed the gate
     stays open: a seed must reproduce a run exactly. Output is lossless either way.
@@ -55,6 +56,12 @@ class SpeculationGate:
         if self.paused_for == 0:
             self._probe = _Probe(steps_left=self.probe_steps)
         return self.paused_for == 0
+
+    def pause(self) -> None:
+        """Pause drafting now (the cost model predicts a loss at every K); a probe measures it afresh
+        later, as after a measured loss. Ignored during a probe, which the measured rates judge."""
+        if self.enabled and self.paused_for == 0 and self._probe is None:
+            self.paused_for = self.backoff
 
     def record(self, drafted: bool, tokens: int, seconds: float) -> None:
         if not self.enabled or seconds <= 0:

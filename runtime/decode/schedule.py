@@ -20,6 +20,9 @@ class DraftLengthSchedule:
     def observe(self, n_drafted: int, draft_seconds: float, verify_seconds: float) -> None:
         pass  # timing plays no part here: K depends on acceptance alone (reproducible)
 
+    def pays(self) -> bool | None:
+        return None  # no cost model: the gate's measured rates alone decide
+
     def update(self, n_drafted: int, n_accepted: int) -> int:
         self.acceptance.update(n_drafted, n_accepted)
         if self.adaptive and n_drafted > 0 and self.k > 0:
@@ -63,6 +66,17 @@ class CostAwareSchedule:
         if n_drafted > 0 and draft_seconds > 0:
             self.draft_per_token.update(draft_seconds / n_drafted)
         self._fit.add(n_drafted, verify_seconds)
+
+    def pays(self) -> bool | None:
+        """Whether some K is predicted to beat a plain step at the measured acceptance and costs (None
+        before the costs are measured). On a backend whose verify pass grows steeply with K (llama.cpp on
+        a CPU: K=1 costs ~1.8 plain steps) a drafter accepted rarely loses at every K."""
+        costs = self.costs()
+        if costs is None:
+            return None
+        c, growth = costs
+        alpha = self.acceptance.alpha
+        return any(speedup(alpha, k, c, self.overlapped, growth=growth) >= 1.0 for k in range(1, self.max_k + 1))
 
     def update(self, n_drafted: int, n_accepted: int) -> int:
         self.acceptance.update(n_drafted, n_accepted)

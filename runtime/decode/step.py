@@ -120,6 +120,8 @@ class StepCore:
             self.schedule.update(n_drafted, outcome.n_accepted)
         if measured:
             self.gate.record(n_drafted > 0, len(outcome.tokens), step_seconds)
+            if schedule and n_drafted > 0 and self.schedule.pays() is False:
+                self.gate.pause()  # the cost model sees a loss at every K before the rates do
 
 
 class DraftSource:

@@ -70,3 +70,15 @@ def test_one_unlucky_step_does_not_pause_drafting_and_probes_span_several_steps(
     gate.record(True, 14, 2.0)
     gate.record(True, 14, 2.0)
     assert gate.paused_for == 0 and gate.backoff == 4 and gate.drafted_rate == pytest.approx(29 / 6)
+
+
+def test_a_pause_from_the_cost_model_is_probed_like_a_measured_loss_and_ignored_during_a_probe():
+    gate = SpeculationGate(min_backoff=4, probe_steps=2)
+    assert gate.should_draft()
+    gate.pause()
+    assert [gate.should_draft() for _ in range(4)] == [False, False, False, True]  # then a probe
+    gate.pause()  # the probe's own measured rates decide, not the model
+    assert gate.should_draft()
+    disabled = SpeculationGate(enabled=False)
+    disabled.pause()
+    assert disabled.should_draft()  # seeded sampling: the gate never switches

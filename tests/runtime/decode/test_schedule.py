@@ -59,3 +59,17 @@ def test_seeded_sampling_and_fixed_k_use_the_deterministic_schedule():
     assert isinstance(make_schedule(GenerationConfig()), CostAwareSchedule)
     assert isinstance(make_schedule(GenerationConfig(temperature=0.7, seed=3)), DraftLengthSchedule)
     assert isinstance(make_schedule(GenerationConfig(adaptive_k=False)), DraftLengthSchedule)
+
+
+def test_the_cost_model_says_when_no_k_pays():
+    """A model-free draft (c ~ 0) on a verifier whose pass grows 0.8 plain steps per drafted token (llama.cpp
+    on a CPU): rarely accepted, no K beats a plain step; mostly accepted, some K does. Unknown costs: no view."""
+    cfg = GenerationConfig(num_draft_tokens=1, max_draft_tokens=8)
+    assert CostAwareSchedule(cfg).pays() is None
+    rare, often = CostAwareSchedule(cfg), CostAwareSchedule(cfg)
+    for k in (0, 1, 2, 1, 0, 3, 1, 2):  # plain steps too, so the verify line has a slope
+        rare.observe(k, k * 1e-5, 0.04 + 0.032 * k)
+        rare.update(k, 0)
+        often.observe(k, k * 1e-5, 0.04 + 0.032 * k)
+        often.update(k, k)
+    assert rare.pays() is False and often.pays() is True
