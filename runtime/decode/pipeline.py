@@ -205,7 +205,8 @@ class _Pipeline:
 
     def learn(self, draft: Draft, quick: bool, outcome: Outcome, waited: float) -> None:
         """The step core's estimators (the quick steps feed only the inline drafter's acceptance)."""
-        self.verify_seconds.update(outcome.seconds)
+        if self.core.generated > len(outcome.tokens):  # the first step carries the prompt prefill
+            self.verify_seconds.update(outcome.seconds)
         n_drafted = len(draft.tokens)
         if quick:
             self.quick_acceptance.update(n_drafted, outcome.n_accepted)

@@ -140,6 +140,7 @@ class DraftWorker:
         self.cancelled = threading.Event()
         self.drafting = False  # False while the worker waits for instructions (its cores are free)
         self.token_seconds = Ema(0.8)  # seconds to draft one token (the only owner of this estimate)
+        self._prefilled = False  # the first draft call also prefills the prompt: not a token's cost
         self.thread = threading.Thread(target=self._run, name="mirrorsd-draft", daemon=True)
 
     def start(self) -> bool:
@@ -245,8 +246,9 @@ class DraftWorker:
             else:  # the drafter sees a tuple: it cannot write to the worker's history
                 draft = check_draft(self.drafter.propose(tuple(context), max_tokens), max_tokens, self.vocab_size)
             span["tokens"] = len(draft.tokens)
-        if draft.tokens:
+        if draft.tokens and self._prefilled:
             self.token_seconds.update((time.perf_counter() - start) / len(draft.tokens))
+        self._prefilled = self._prefilled or bool(draft.tokens)
         return list(draft.tokens), draft.probs, ranks
 
     def _draft_branch(self, branches: list[Branch]) -> None:
