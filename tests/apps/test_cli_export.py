@@ -85,7 +85,8 @@ def test_export_validate_and_generate_with_the_export(exported, tiny_folder):  #
     a = json.loads(with_export.stdout)
     plain = Engine.load(target=str(tiny_folder), draft="none", device="cpu")  # --device stays an alias
     assert a["token_ids"] == plain.generate("def f(x): return x", GenerationConfig(max_new_tokens=40)).token_ids
-    assert a["stats"]["drafter"] == "onnx:CPU" and a["stats"]["drafted_tokens"] > 0
+    # the export drafted (the gate may pause it where it loses: a draft as large as this tiny target)
+    assert "onnx:CPU" in a["stats"]["drafter_shares"] and a["stats"]["drafted_tokens"] > 0
 
 
 def test_cli_errors_are_clear(exported, tiny_folder):  # noqa: F811
