@@ -106,16 +106,33 @@ def test_with_float_activations_the_graph_computes_the_gguf_models_logits(q4km, 
 
 @pytest.mark.parametrize("pipeline", ["sequential", "overlap"])
 def test_speculation_on_the_gguf_export_is_token_equal_to_its_target_only(q4km, pipeline):
+    """Equal to its own one-token-at-a-time decoding, or parted from it at a measured near-tie: the kernel's
+    int8 activations may round a batch of K+1 positions differently from one (as llama.cpp's may; a random
+    tiny model has many near-ties)."""
+    from mirrorsd.runtime.backends.base import batch_discrepancy
+
     model, _, export = q4km
     engine = Engine.load(str(export), draft=None)
     engine.eos_ids = frozenset()
-    target_only = engine.with_drafter(None)
+    lm = engine.verifier
     for drafter in (NGramDrafter(), ModelDrafter(TorchCausalLM(model))):
         spec = engine.with_drafter(drafter, fallback=None)
         for prompt in PROMPTS:
-            want = target_only.generate(prompt, GenerationConfig(max_new_tokens=32)).token_ids
-            got = spec.generate(prompt, GenerationConfig(max_new_tokens=32, num_draft_tokens=4, pipeline=pipeline))
-            assert got.token_ids == want, (type(drafter).__name__, prompt)
+            ids = engine.encode(prompt)
+            tolerance = max(1e-4, 2 * batch_discrepancy(lm, ids))
+            lm.reset()
+            context, gaps = list(ids), []
+            for _ in range(32):
+                logits = lm.score(context)[-1]
+                top = torch.topk(logits, 2).values
+                gaps.append(float(top[0] - top[1]))
+                context.append(int(logits.argmax()))
+            want = context[len(ids):]
+            got = spec.generate(prompt, GenerationConfig(max_new_tokens=32, num_draft_tokens=4,
+                                                         pipeline=pipeline)).token_ids
+            if got != want:
+                at = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+                assert gaps[at] < tolerance, (type(drafter).__name__, prompt, at, gaps[at], tolerance)
 
 
 def test_bad_input_is_a_clear_error(q4km, tokenizer, target_model, tmp_path, f32_gguf, tiny_folder):
