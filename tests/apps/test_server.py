@@ -53,7 +53,10 @@ def test_chat_completion_matches_the_engine_and_carries_stats(client, engine):
     for key in ("tokens_per_second", "acceptance_rate", "mean_accepted_length", "drafter", "verify_steps"):
         assert key in spec
     assert spec["generated_tokens"] == len(expected.token_ids)
-    assert spec["drafter_shares"] == expected.stats.drafter_shares and spec["drafter"] == expected.stats.drafter
+    # which steps drafted depends on measured timings (the speculation gate), so the two runs' shares may
+    # differ; each run's own account must hold together
+    shares = spec["drafter_shares"]
+    assert abs(sum(shares.values()) - 1) < 0.01 and spec["drafter"] == max(shares, key=lambda k: (shares[k], k != "none"))
 
 
 def test_chat_completion_streams_the_same_text(client, engine):
