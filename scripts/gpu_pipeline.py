@@ -6,7 +6,8 @@ decoding on the same GPU.
         [--device cuda] [--max-new-tokens 64] [--out DIR]
 
 Rows: target only; the model-free chain; the draft model as torch on the GPU, as torch on the CPU, and as
-the GGUF on llama.cpp's CPU kernels (where llama-cpp-python imports), each in every pipeline mode. Each
+the GGUF on llama.cpp's CPU kernels (where llama-cpp-python imports), each in every pipeline mode and
+"auto" (shown with the mode its calibration picked). Each
 draft row runs twice: as a user gets it (the speculation gate may pause a draft that does not pay) and with
 the gate held open, which measures the pipeline itself. Every row's greedy text is compared token for token
 with target-only decoding on the same device. Writes report.md and report.json to --out.
@@ -27,7 +28,7 @@ from mirrorsd import Engine, GenerationConfig
 from mirrorsd.runtime.decode import step as step_core
 from mirrorsd.runtime.decode.gate import SpeculationGate
 
-MODES = ("sequential", "overlap", "branches")
+MODES = ("sequential", "overlap", "branches", "auto")
 
 
 @contextmanager
@@ -49,6 +50,7 @@ def run_row(engine: Engine, prompts: list, mode: str, tokens: int, reference: li
     draft_s = hidden_s = verify_s = 0.0
     equal, texts = 0, []
     served: dict[str, int] = {}
+    ran: set[str] = set()
     for i, messages in enumerate(prompts):
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -65,9 +67,11 @@ def run_row(engine: Engine, prompts: list, mode: str, tokens: int, reference: li
         verify_s += s.verify_time_s
         for source, k in s.drafters.items():
             served[source] = served.get(source, 0) + k
+        ran.add(s.pipeline)
         texts.append(list(result.token_ids))
         equal += reference is None or list(result.token_ids) == reference[i]
-    return {"mode": mode, "tokens": n, "seconds": round(seconds, 3), "tok_s": round(n / seconds, 2),
+    shown = mode if mode != "auto" else "auto: " + "/".join(sorted(ran))  # the mode(s) auto resolved to
+    return {"mode": shown, "tokens": n, "seconds": round(seconds, 3), "tok_s": round(n / seconds, 2),
             "verify_steps": steps, "tokens_per_step": round(n / steps, 2) if steps else None,
             "acceptance": round(accepted / drafted, 3) if drafted else None,
             "hidden_share": round(hidden_s / draft_s, 3) if draft_s and mode != "sequential" else None,
@@ -116,7 +120,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     engine = Engine.load(args.target, draft="none", device=args.device, backend="torch", dtype="float32")
-    engine.generate(prompts[0], GenerationConfig(max_new_tokens=8))  # warm-up: kernels, allocator
+    engine.generate(prompts[0], GenerationConfig(max_new_tokens=32))  # warm-up: kernels, allocator
     rows = [dict(config="target only", gate="-", **run_row(engine, prompts, "sequential", args.max_new_tokens,
                                                                None))]
     reference = rows[0]["token_ids"]
@@ -134,7 +138,8 @@ def main() -> None:
             rows.append({"config": label, "error": f"{type(exc).__name__}: {exc}"})
             print(f"{label}: {rows[-1]['error']}", flush=True)
             continue
-        drafted.generate(prompts[0], GenerationConfig(max_new_tokens=8))
+        with gate_open(True):  # warm-up: every verify shape seen once, so no row pays first-use costs
+            drafted.generate(prompts[0], GenerationConfig(max_new_tokens=32, pipeline="sequential"))
         modes = ("sequential",) if draft == "chain" else MODES
         for held_open in (False, True):
             with gate_open(held_open):
