@@ -19,7 +19,7 @@ from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder
 from mirrorsd.runtime.backends import eos_ids as eos_ids_of
 from mirrorsd.runtime.backends import load_lm
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
-from mirrorsd.runtime.decode.calibrate import Costs, calibrate
+from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs, calibrate
 from mirrorsd.runtime.decode.pipeline import branch_source, pipelined_decode
 from mirrorsd.runtime.decode.sequential import speculative_decode
 from mirrorsd.runtime.decode.threads import CorePins, cpu_draft_threads, overlap_threads, pinned
@@ -105,6 +105,10 @@ class Engine:
         self.eos_ids = default_eos if eos_ids is None else frozenset(eos_ids)
         self.grammars = Grammars(tokenizer, self.verifier.vocab_size, self.eos_ids)
         self.calibrations: dict[tuple, Costs] = {}
+        # Set by Engine.load: the models as loaded (names, backends, devices, dtypes), under which calibrations
+        # are kept across processes in calibration_store. None (an engine built from objects): this engine only.
+        self.calibration_id: str | None = None
+        self.calibration_store: CalibrationStore | None = None
         self._lock = threading.RLock()  # re-entered by pipeline_mode's calibration inside a request
         self.closed = False
 
@@ -131,8 +135,17 @@ class Engine:
                                dtype=draft_dtype or dtype, backend=draft_backend or backend, progress=progress,
                                export_device=draft_device,
                                export_threads=cpu_draft_threads(loaded.lm.computes_on))
-        return cls(loaded.lm, loaded.tokenizer, drafter, name=target, fallback=fallback_for(drafter),
-                   eos_ids=loaded.eos_ids)
+        engine = cls(loaded.lm, loaded.tokenizer, drafter, name=target, fallback=fallback_for(drafter),
+                     eos_ids=loaded.eos_ids)
+        if isinstance(draft, str) and isinstance(drafter, DraftModel):
+            from mirrorsd.catalog import cache_dir
+
+            # the backends as resolved ("auto" may pick another one once llama-cpp-python is installed)
+            engine.calibration_id = (f"target {target} on {loaded.lm.backend} (device {device}, dtype {dtype}), "
+                                     f"draft {draft} on {drafter.lm.backend} (device {draft_device or device}, "
+                                     f"dtype {draft_dtype or dtype})")
+            engine.calibration_store = CalibrationStore(cache_dir() / "calibrations.json")
+        return engine
 
     def with_drafter(self, drafter: str | Drafter | None, fallback: Drafter | None | str = "auto") -> "Engine":
         """The same target (model, caches, tokenizer, lock) with another drafter, e.g. to compare drafters
@@ -234,13 +247,22 @@ class Engine:
         return mode
 
     def calibration(self, k: int) -> Costs:
-        """Measured costs of this draft model beside this target on this placement (cached per engine)."""
+        """Measured costs of this draft model beside this target on this placement: kept per engine, and for
+        models loaded by name in `calibration_store` across processes (runtime/decode/calibrate.py)."""
         key = (id(self.drafter), self.pin_cores, max(1, k))
         with self._lock:  # the models are measured: no request runs meanwhile
             if key not in self.calibrations:
-                threads = None if self.pin_cores else overlap_threads(self.verifier, self.drafter)
-                self.calibrations[key] = calibrate(self.verifier, self.drafter, key[2], self.pin_cores, threads)
-                log.info("pipeline auto: %s", self.calibrations[key].to_dict())
+                kept = None
+                if self.calibration_store is not None and self.calibration_id is not None:
+                    kept = CalibrationStore.key(self.calibration_id, self.pin_cores, key[2])
+                costs = None if kept is None else self.calibration_store.get(kept)
+                if costs is None:
+                    threads = None if self.pin_cores else overlap_threads(self.verifier, self.drafter)
+                    costs = calibrate(self.verifier, self.drafter, key[2], self.pin_cores, threads)
+                    if kept is not None:
+                        self.calibration_store.put(kept, costs)
+                self.calibrations[key] = costs
+                log.info("pipeline auto: %s", costs.to_dict())
             return self.calibrations[key]
 
     def _steps(self, ids: list[int], cfg: GenerationConfig, budget: int, timeline: Timeline, mode: str,

@@ -8,18 +8,27 @@ placement, a K-token verify pass and a draft token alone, then both again side b
     sequential = K * draft_token + verify            (each model has its compute to itself, in turn)
     overlap    = max(K * draft_token', verify')      (the primed costs: measured side by side)
 
-It takes a few seconds, once per (drafter, placement) and engine; `Engine.calibrations` keeps the results.
+It takes a few seconds, once per (drafter, placement) and engine; `Engine.calibrations` keeps the results, and
+for models loaded by name (`Engine.load`) a `CalibrationStore` keeps them across processes, so a later run on
+the same machine, models and placement reuses them.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import platform
 import statistics
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
 
 from mirrorsd.contracts import CausalLM, DraftModel
 from mirrorsd.runtime.decode.threads import CorePins, pinned
+
+log = logging.getLogger("mirrorsd")
 
 OVERLAP_MARGIN = 0.95  # overlap must promise 5% or more: within that, sequential is the simpler schedule
 CONTEXT_TOKENS = 64  # the calibration's context: a short prompt's worth
@@ -47,6 +56,15 @@ class Costs:
     @property
     def mode(self) -> str:
         return "overlap" if self.overlap_s < OVERLAP_MARGIN * self.sequential_s else "sequential"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Costs:
+        """The inverse of to_dict; ValueError for anything that is not a measured Costs."""
+        values = {f.name: d[f.name] for f in fields(cls)}
+        if not isinstance(values["k"], int) or values["k"] < 1 or any(
+                not isinstance(v, (int, float)) or not 0 < v < float("inf") for v in values.values()):
+            raise ValueError(f"not a calibration: {d!r}")
+        return cls(**values)
 
     def to_dict(self) -> dict:
         return {"k": self.k, "verify_s": self.verify_s, "draft_token_s": self.draft_token_s,
@@ -117,3 +135,67 @@ def _side_by_side(verifier: CausalLM, draft_lm: CausalLM, context: list[int], dr
         if saved is not None:
             verifier.threads.set_threads(saved)
     return verify_shared_s, counted[0]
+
+
+class CalibrationStore:
+    """Calibrations kept across processes: a JSON object in `path` mapping a key (the models as loaded, the
+    placement, K, the machine and mirrorsd's version: see `key`) to `Costs`. Writes hold a file lock and
+    replace the file atomically, so concurrent processes never interleave. A file that cannot be read (or an
+    entry that is not a calibration) is treated as absent: the calibration runs again and the file is
+    rewritten. Delete the file to recalibrate."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    @staticmethod
+    def key(models: str, pins: CorePins | None, k: int) -> str:
+        from mirrorsd import __version__
+
+        placement = f"verify on core {pins.verify}, draft on core {pins.draft}" if pins else "cores shared"
+        return " | ".join((models, placement, f"K={k}", machine(), f"mirrorsd {__version__}"))
+
+    def get(self, key: str) -> Costs | None:
+        try:
+            return Costs.from_dict(self._read()[key])
+        except (KeyError, ValueError, TypeError):
+            return None
+
+    def put(self, key: str, costs: Costs) -> None:
+        from filelock import FileLock
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(str(self.path) + ".lock"):
+                entries = self._read()
+                entries[key] = {f.name: getattr(costs, f.name) for f in fields(Costs)}
+                tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(entries, indent=1))
+                os.replace(tmp, self.path)
+        except OSError as exc:  # a read-only cache costs the next run a calibration, nothing else
+            log.warning("could not keep the calibration in %s: %s", self.path, exc)
+
+    def _read(self) -> dict:
+        try:
+            entries = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable calibrations in %s (%s); measuring afresh", self.path, exc)
+            return {}
+        return entries if isinstance(entries, dict) else {}
+
+
+def machine() -> str:
+    """What the costs depend on besides the models: the CPU, the cores this process may use, torch's threads,
+    the GPUs."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return f"{platform.system()} {cpu}, {cores} cores, {torch.get_num_threads()} torch threads, GPUs {gpus}"

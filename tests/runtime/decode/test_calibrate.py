@@ -1,0 +1,80 @@
+"""pipeline="auto"'s calibration kept across processes (runtime/decode/calibrate.py: CalibrationStore)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from mirrorsd import Engine
+from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
+from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs
+from mirrorsd.runtime.decode.threads import CorePins
+from mirrorsd.runtime.drafters import ModelDrafter
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path))
+    return tmp_path / "calibrations.json"
+
+
+def load(folder) -> Engine:
+    return Engine.load(str(folder), draft=str(folder), backend="torch", device="cpu", dtype="float32")
+
+
+def test_a_calibration_is_measured_once_and_reused_by_a_later_engine(cache, tiny_folder):
+    first = load(tiny_folder)
+    costs = first.calibration(4)
+    entries = json.loads(cache.read_text())
+    assert len(entries) == 1 and Costs.from_dict(next(iter(entries.values()))) == costs
+    first.close()
+
+    later = load(tiny_folder)  # as a later process would: a fresh engine, the same models and placement
+    assert later.calibration(4) == costs  # read back: a new measurement would not repeat every float
+    other_k = later.calibration(3)  # another K is another calibration
+    assert other_k.k == 3 and len(json.loads(cache.read_text())) == 2
+    if len(os.sched_getaffinity(0)) >= 2:
+        later.pin_cores = CorePins.first_two()
+        assert later.calibration(4) != costs  # another placement: measured afresh, kept under its own key
+        assert len(json.loads(cache.read_text())) == 3
+    later.close()
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"x": 1}'])
+def test_an_unreadable_store_is_measured_afresh_and_rewritten(cache, tiny_folder, content):
+    cache.write_text(content)
+    engine = load(tiny_folder)
+    costs = engine.calibration(4)
+    entries = json.loads(cache.read_text())
+    assert Costs.from_dict(entries[CalibrationStore.key(engine.calibration_id, None, 4)]) == costs
+    engine.close()
+
+
+def test_an_entry_that_is_not_a_calibration_is_measured_afresh(cache, tiny_folder):
+    engine = load(tiny_folder)
+    key = CalibrationStore.key(engine.calibration_id, None, 4)
+    for bad in ({"k": 4}, {"k": 4, "verify_s": -1.0, "draft_token_s": 0.1, "verify_shared_s": 0.1,
+                           "draft_token_shared_s": 0.1}, "text", None):
+        cache.write_text(json.dumps({key: bad}))
+        engine.calibrations.clear()
+        costs = engine.calibration(4)
+        assert min(costs.verify_s, costs.draft_token_s, costs.verify_shared_s, costs.draft_token_shared_s) > 0
+        assert Costs.from_dict(json.loads(cache.read_text())[key]) == costs
+    engine.close()
+
+
+def test_an_engine_built_from_objects_keeps_its_calibration_to_itself(cache, target_model, other_model, tokenizer):
+    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
+    engine.calibration(4)
+    assert engine.calibration_store is None and not cache.exists()
+
+
+def test_a_read_only_cache_costs_a_calibration_not_the_request(cache, tiny_folder, caplog):
+    engine = load(tiny_folder)
+    engine.calibration_store = CalibrationStore(cache / "inside-a-file" / "calibrations.json")
+    cache.write_text("{}")  # a file where the store's folder should be
+    assert engine.calibration(4).k == 4
+    assert "could not keep the calibration" in caplog.text
+    engine.close()
