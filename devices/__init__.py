@@ -3,7 +3,7 @@
 
 from mirrorsd.devices.discovery import EpDevice, Inventory, TorchBackend, discover
 from mirrorsd.devices.placement import ExportInfo, Placement, compatible, npu_backends, place
-from mirrorsd.devices.torch_devices import best_torch_device, default_dtype, parse_dtype, resolve_device
+from mirrorsd.devices.torch_devices import best_torch_device, default_dtype, machine_id, parse_dtype, resolve_device
 
 __all__ = ["EpDevice", "ExportInfo", "Inventory", "Placement", "TorchBackend", "best_torch_device", "compatible",
-           "default_dtype", "discover", "npu_backends", "parse_dtype", "place", "resolve_device"]
+           "default_dtype", "discover", "machine_id", "npu_backends", "parse_dtype", "place", "resolve_device"]

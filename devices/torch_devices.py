@@ -1,6 +1,9 @@
-"""torch device discovery and the per-device default dtype."""
+"""torch device discovery, the per-device default dtype, and the machine's identity for measured costs."""
 
 from __future__ import annotations
+
+import os
+import platform
 
 import torch
 
@@ -58,3 +61,17 @@ def parse_dtype(spec: str | torch.dtype | None, device: torch.device) -> torch.d
         return _DTYPES[spec.lower()]
     except KeyError:
         raise ConfigError(f"unknown dtype {spec!r}", f"use one of auto, {', '.join(sorted(_DTYPES))}") from None
+
+
+def machine_id() -> str:
+    """What measured costs (pipeline="auto"'s calibration) depend on besides the models: the CPU, the cores this
+    process may use, torch's threads, the GPUs."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return f"{platform.system()} {cpu}, {cores} cores, {torch.get_num_threads()} torch threads, GPUs {gpus}"

@@ -254,7 +254,9 @@ class Engine:
             if key not in self.calibrations:
                 kept = None
                 if self.calibration_store is not None and self.calibration_id is not None:
-                    kept = CalibrationStore.key(self.calibration_id, self.pin_cores, key[2])
+                    from mirrorsd.devices import machine_id
+
+                    kept = CalibrationStore.key(self.calibration_id, self.pin_cores, key[2], machine_id())
                 costs = None if kept is None else self.calibration_store.get(kept)
                 if costs is None:
                     threads = None if self.pin_cores else overlap_threads(self.verifier, self.drafter)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import statistics
 import threading
 import time
@@ -148,11 +147,12 @@ class CalibrationStore:
         self.path = Path(path)
 
     @staticmethod
-    def key(models: str, pins: CorePins | None, k: int) -> str:
+    def key(models: str, pins: CorePins | None, k: int, machine: str) -> str:
+        """models: the models as loaded; machine: what else the costs depend on (devices.machine_id())."""
         from mirrorsd import __version__
 
         placement = f"verify on core {pins.verify}, draft on core {pins.draft}" if pins else "cores shared"
-        return " | ".join((models, placement, f"K={k}", machine(), f"mirrorsd {__version__}"))
+        return " | ".join((models, placement, f"K={k}", machine, f"mirrorsd {__version__}"))
 
     def get(self, key: str) -> Costs | None:
         try:
@@ -184,18 +184,3 @@ class CalibrationStore:
             return {}
         return entries if isinstance(entries, dict) else {}
 
-
-def machine() -> str:
-    """What the costs depend on besides the models: the CPU, the cores this process may use, torch's threads,
-    the GPUs."""
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    return f"{platform.system()} {cpu}, {cores} cores, {torch.get_num_threads()} torch threads, GPUs {gpus}"

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from mirrorsd import Engine
+from mirrorsd.devices import machine_id
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs
 from mirrorsd.runtime.decode.threads import CorePins
@@ -48,13 +49,13 @@ def test_an_unreadable_store_is_measured_afresh_and_rewritten(cache, tiny_folder
     engine = load(tiny_folder)
     costs = engine.calibration(4)
     entries = json.loads(cache.read_text())
-    assert Costs.from_dict(entries[CalibrationStore.key(engine.calibration_id, None, 4)]) == costs
+    assert Costs.from_dict(entries[CalibrationStore.key(engine.calibration_id, None, 4, machine_id())]) == costs
     engine.close()
 
 
 def test_an_entry_that_is_not_a_calibration_is_measured_afresh(cache, tiny_folder):
     engine = load(tiny_folder)
-    key = CalibrationStore.key(engine.calibration_id, None, 4)
+    key = CalibrationStore.key(engine.calibration_id, None, 4, machine_id())
     for bad in ({"k": 4}, {"k": 4, "verify_s": -1.0, "draft_token_s": 0.1, "verify_shared_s": 0.1,
                            "draft_token_shared_s": 0.1}, "text", None):
         cache.write_text(json.dumps({key: bad}))
