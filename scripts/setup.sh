@@ -3,9 +3,9 @@
 # torch is pinned to 2.13.0 here only because that CPU wheel ships on this project's machines;
 # a bare `torch` requirement would download a multi-GB CUDA build. Elsewhere any torch >= 2.5 works.
 # The test extras include the llama.cpp backend: llama-cpp-python is published as source, so the first
-# install compiles llama.cpp (several minutes; pip keeps the built wheel in its cache for later installs).
+# install compiles llama.cpp (several minutes; the built wheel is cached for later installs, see below).
 # We skip its multimodal library (unused) and build on every core. For a GPU build set CMAKE_ARGS, e.g.
-# CMAKE_ARGS="-DGGML_CUDA=on" (or -DGGML_METAL=on, -DGGML_VULKAN=on), with pip's --no-cache-dir.
+# CMAKE_ARGS="-DGGML_CUDA=on" (or -DGGML_METAL=on, -DGGML_VULKAN=on); new flags mean a new build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -13,4 +13,22 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 export CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}"
+if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
+    # llama.cpp builds for this CPU (-march=native); without AMX: on a Xeon that reports AMX, ggml's AMX
+    # matmul died with SIGILL (tilezero) here even with the kernel's AMX permission granted.
+    NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    export CFLAGS="${CFLAGS-$NO_AMX}" CXXFLAGS="${CXXFLAGS-$NO_AMX}"
+fi
+# pip's wheel cache is keyed by the source alone, so a llama.cpp built for another CPU (a shared home, a
+# copied cache) or with other flags would be reused as is: the llama-cpp-python wheel gets a cache of its
+# own per CPU and build flags, and is reinstalled when they change.
+LLAMA=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml | head -n 1)
+KEY=$(printf '%s|' "$LLAMA" "$CMAKE_ARGS" "${CFLAGS-}" "${CXXFLAGS-}" "$(uname -sm)" \
+    "$(grep -m 1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null || sysctl -n machdep.cpu.brand_string 2>/dev/null)" \
+    | cksum | cut -d ' ' -f 1)
+if [ "$(cat .venv/.llama-cpp-build 2>/dev/null)" != "$KEY" ]; then
+    PIP_CACHE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/mirrorsd/llama-cpp-wheels/$KEY" \
+        .venv/bin/python -m pip install -q --force-reinstall --no-deps "$LLAMA"
+    echo "$KEY" > .venv/.llama-cpp-build
+fi
 .venv/bin/python -m pip install -q "torch==2.13.0" -e ".[test]"
