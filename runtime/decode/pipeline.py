@@ -16,7 +16,10 @@ branch ready).
 After each step the verifier reconciles. If the committed history is still a prefix of the lookahead,
 the rest of the lookahead is the next draft (Advance). If the outcome landed on a prepared branch, that
 branch is the next draft (Rebase with it). Otherwise everything drafted past the divergence is stale and
-the worker starts again from the committed history (Rebase).
+the worker starts again from the committed history (Rebase). The step after that does not wait for a
+whole draft: it verifies the first `fresh_k` tokens the worker sends (the K schedule picks fresh_k from
+measured costs) while the worker drafts on, so the verifier idles for a short draft only and the step
+after it finds the lookahead full again.
 
 Per step, the model-free `fallback` drafter (run inline) may serve instead, when its draft, made at
 once, promises more tokens per second than waiting for the lookahead; it takes over for good when the
@@ -115,6 +118,7 @@ class _Pipeline:
         self.core, self.draft_core = core, draft_core
         self.inline = DraftSource(fallback, None, config, verifier.vocab_size, core.timeline, draft_core)
         self.look = Lookahead()
+        self.fresh = True  # the lookahead was (re)started from the committed history since the last draft
         self.verify_seconds = Ema(0.7)
         self.quick_acceptance = AcceptanceEstimate()  # the inline drafter's, on the steps it served
         # The inline drafter may serve any step; where that choice would depend on timing, a seeded
@@ -190,6 +194,7 @@ class _Pipeline:
         diverged = any(a != b for a, b in zip(self.look.tokens, new))  # not merely short
         hit = branches.get((outcome.n_accepted, new[-1]))
         self.look.rebase(hit)
+        self.fresh = hit is None
         self.worker.draft_queue.put(Rebase(self.look.epoch, tuple(committed), tuple(self.look.tokens), limit,
                                            outcome.n_accepted))
         return ("hit" if hit else "miss") if hint and (hit or diverged) else None, record
@@ -248,24 +253,33 @@ class _Pipeline:
         if not (self.choose and self.inline.active and self.verify_seconds.value):
             return None
         drain(self.worker, self.look, len(self.core.committed), None)
-        if len(self.look.tokens) >= budget or self.look.stalled_at is not None:
+        want = self._want(budget)
+        if len(self.look.tokens) >= want or self.look.stalled_at is not None:
             return None
         draft = self.inline.propose(self.core.committed, budget)
         if not draft.tokens:
             return None
-        wait = (budget - len(self.look.tokens)) * (self.worker.token_seconds.value or 0.0)
+        wait = (want - len(self.look.tokens)) * (self.worker.token_seconds.value or 0.0)
         verify_s = self.verify_seconds.value
-        model_rate = expected_tokens_per_step(self.core.alpha, budget) / (wait + verify_s)
+        model_rate = expected_tokens_per_step(self.core.alpha, want) / (wait + verify_s)
         quick_rate = expected_tokens_per_step(self.quick_acceptance.alpha, len(draft.tokens)) / verify_s
         return draft if quick_rate > model_rate else None
 
+    def _want(self, budget: int) -> int:
+        """How many lookahead tokens this step waits for: the whole budget, or on a fresh lookahead (after a
+        miss) the schedule's fresh_k. Seeded sampling's schedule keeps fresh_k = k (reproducible drafts)."""
+        return min(budget, self.core.schedule.fresh_k) if self.fresh else budget
+
     def _lookahead_draft(self, budget: int) -> Draft:
-        """The first `budget` lookahead tokens, waiting for the worker; drops the worker on a fault."""
-        reason = fill(self.worker, self.look, len(self.core.committed), budget, self.core.config.draft_timeout_s)
+        """Up to `budget` lookahead tokens, waiting for the worker until it has sent `_want(budget)`; drops the
+        worker on a fault."""
+        reason = fill(self.worker, self.look, len(self.core.committed), self._want(budget),
+                      self.core.config.draft_timeout_s)
         if reason is not None:
             self.fault = drop_message(self.worker.drafter, RuntimeError(reason))
             self._stop_worker()
             return Draft.empty()
+        self.fresh = False
         k = min(budget, len(self.look.tokens))
         return Draft(self.look.tokens[:k], self.look.q(k), self.worker.drafter.name)
 

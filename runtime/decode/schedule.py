@@ -17,6 +17,10 @@ class DraftLengthSchedule:
         self.k = min(config.num_draft_tokens, self.max_k)
         self.acceptance = AcceptanceEstimate()  # kept for the pipeline's branch decisions, not for K
 
+    @property
+    def fresh_k(self) -> int:
+        return self.k  # a step after a miss waits for a whole draft, as the sequential loop does
+
     def observe(self, n_drafted: int, draft_seconds: float, verify_seconds: float) -> None:
         pass  # timing plays no part here: K depends on acceptance alone (reproducible)
 
@@ -42,12 +46,14 @@ class CostAwareSchedule:
 
     Overlapped, K is also kept where drafting fits inside the verify pass (K c <= verify cost): past
     that point the formula gains little (the step becomes draft-bound) while the two workers, sharing
-    memory bandwidth, both slow down (docs/measurements.md).
+    memory bandwidth, both slow down (docs/measurements.md). Overlapped, `fresh_k` is chosen with K: how
+    many tokens a step after a miss waits for before its pass starts (speedup.py).
     """
 
     def __init__(self, config: GenerationConfig, overlapped: bool = False, decay: float = 0.9) -> None:
         self.max_k = config.max_draft_tokens
         self.k = min(config.num_draft_tokens, self.max_k)
+        self.fresh_k = self.k
         self.overlapped = overlapped
         self.decay = decay
         self.acceptance = AcceptanceEstimate(decay)
@@ -84,10 +90,12 @@ class CostAwareSchedule:
         if costs is not None:
             c, growth = costs
             alpha = self.acceptance.alpha
-            candidates = range(1, self.max_k + 1)
             if self.overlapped:  # drafting must fit inside the verify pass it hides behind
-                candidates = [k for k in candidates if k * c <= 1.0 + growth * k] or [1]
-            self.k = max(candidates, key=lambda k: speedup(alpha, k, c, self.overlapped, growth=growth))
+                ks = [k for k in range(1, self.max_k + 1) if k * c <= 1.0 + growth * k] or [1]
+                self.k, self.fresh_k = max(((k, f) for k in ks for f in range(1, k + 1)), key=lambda kf: speedup(
+                    alpha, kf[0], c, True, growth=growth, fresh_k=kf[1]))
+            else:
+                self.k = self.fresh_k = max(range(1, self.max_k + 1), key=lambda k: speedup(alpha, k, c, growth=growth))
         return self.k
 
 

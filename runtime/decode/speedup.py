@@ -17,6 +17,13 @@ draft to be made afresh after it, costing K*c + 1 as sequentially, so
 
     cost_overlapped = alpha^(K+1) * max(K*c, 1) + (1 - alpha^(K+1)) * (K*c + 1).
 
+With `fresh_k` = F < K the step after a miss does not wait for K fresh tokens: it verifies the first F
+(F*c + 1 units for E[tokens](F)) while the worker drafts on, so the step after it can find K ready
+again (PEARL's "pre-verify", arXiv 2408.11850, taken further). Steps then alternate between two states,
+*steady* (K tokens ready, max(K*c, 1) units, stays steady with probability alpha^(K+1)) and *fresh*
+(F*c + 1 units, turns steady with probability alpha^(F+1)); the speedup is the ratio of the stationary
+mixture's tokens to its cost. F = K is the formula above.
+
 Model-free drafters (n-gram, retrieval) often have nothing to propose; with `coverage` = the share of
 steps that carry a draft, the other steps are plain decode steps (1 token for 1 unit), and the speedup
 is the ratio of the mixture's tokens to its cost (coverage=1, the default, is Leviathan's formula).
@@ -49,7 +56,7 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
 
 
 def step_cost(alpha: float, k: int, c: float, overlapped: bool = False, growth: float = 0.0) -> float:
-    """Wall time of one drafted step in target-step units (see the module docstring)."""
+    """Wall time of one drafted step in target-step units (see the module docstring; fresh steps of K)."""
     verify_cost = 1.0 + growth * k
     if not overlapped:
         return verify_cost + k * c
@@ -57,20 +64,36 @@ def step_cost(alpha: float, k: int, c: float, overlapped: bool = False, growth: 
     return hit * max(verify_cost, k * c) + (1.0 - hit) * (verify_cost + k * c)
 
 
+def _overlapped_mix(alpha: float, k: int, c: float, growth: float, fresh_k: int) -> tuple[float, float]:
+    """(tokens, cost) of the mean overlapped step when a step after a miss verifies fresh_k tokens."""
+    steady_hit, fresh_hit = alpha ** (k + 1), alpha ** (fresh_k + 1)
+    # stationary share of fresh steps: steady -> fresh with 1 - steady_hit, fresh -> steady with fresh_hit
+    fresh = (1.0 - steady_hit) / (1.0 - steady_hit + fresh_hit) if steady_hit < 1.0 else 0.0
+    tokens = (1 - fresh) * expected_tokens_per_step(alpha, k) + fresh * expected_tokens_per_step(alpha, fresh_k)
+    cost = (1 - fresh) * max(1.0 + growth * k, k * c) + fresh * (1.0 + growth * fresh_k + fresh_k * c)
+    return tokens, cost
+
+
 def speedup(alpha: float, k: int, c: float, overlapped: bool = False, coverage: float = 1.0,
-            growth: float = 0.0) -> float:
+            growth: float = 0.0, fresh_k: int | None = None) -> float:
     """Expected wall-time speedup over target-only decoding (Leviathan's formula).
 
     overlapped=False: drafting then verifying, a step costs k*c + 1 target steps.
     overlapped=True: drafting runs alongside verification (see step_cost).
     coverage: share of steps with a draft (the rest are plain decode steps); 1 = Leviathan's formula.
     growth: extra verify cost per draft token, in target-step units.
+    fresh_k: overlapped only, the draft length of a step after a miss (None: k; see the module docstring).
     """
     _check(alpha, k, c)
     if not 0.0 <= coverage <= 1.0:
         raise ValueError(f"coverage must be in [0, 1], got {coverage}")
-    tokens = coverage * expected_tokens_per_step(alpha, k) + (1.0 - coverage)
-    return tokens / (coverage * step_cost(alpha, k, c, overlapped, growth) + (1.0 - coverage))
+    if fresh_k is not None and not (overlapped and 1 <= fresh_k <= max(k, 1) and int(fresh_k) == fresh_k):
+        raise ValueError(f"fresh_k must be in [1, k] and overlapped, got {fresh_k} for k={k}")
+    if overlapped and fresh_k is not None and fresh_k < k:
+        drafted, drafted_cost = _overlapped_mix(alpha, k, c, growth, fresh_k)
+    else:
+        drafted, drafted_cost = expected_tokens_per_step(alpha, k), step_cost(alpha, k, c, overlapped, growth)
+    return (coverage * drafted + (1.0 - coverage)) / (coverage * drafted_cost + (1.0 - coverage))
 
 
 def best_k(alpha: float, c: float, k_max: int = 16, overlapped: bool = False,

@@ -13,6 +13,7 @@ import torch
 from mirrorsd import Engine, FinishEvent, GenerationConfig
 from mirrorsd.contracts import ExitRequest
 from mirrorsd.errors import ConfigError
+from mirrorsd.runtime.decode.schedule import DraftLengthSchedule
 from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, ModelDrafter
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from drafters_for_tests import FailingDrafter, RandomTokenDrafter
@@ -359,3 +360,61 @@ def test_core_sharing_gives_the_verifier_the_draft_threads_while_the_worker_is_i
         probe.remove()
         torch.set_num_threads(before)
     assert sharing._remove is None and not model.model.layers[0]._forward_pre_hooks
+
+
+class SlowPastTheFirstFreshToken(ModelDrafter):
+    """Its first token past the committed history comes at once, every later one after 60 ms: a step that
+    waited for more than one fresh token would show it."""
+
+    def start(self, config):
+        super().start(config)
+        self.base = None
+
+    def accepted(self, committed, n_accepted):
+        super().accepted(committed, n_accepted)
+        self.base = len(committed)
+
+    def propose_iter(self, committed, max_tokens):
+        slow = self.base is not None and len(committed) > self.base
+        for pair in super().propose_iter(committed, max_tokens):
+            if slow:
+                time.sleep(0.06)
+            yield pair
+
+
+class FreshK(DraftLengthSchedule):
+    """K fixed at 4 and fresh_k as given (what CostAwareSchedule picks from measured costs)."""
+
+    def __init__(self, config, fresh_k):
+        super().__init__(config)
+        self._fresh_k = fresh_k
+
+    @property
+    def fresh_k(self):
+        return self._fresh_k
+
+
+@pytest.mark.parametrize("fresh_k", [1, 4])
+def test_a_step_after_a_miss_verifies_the_first_fresh_tokens_without_waiting_for_k(
+        fresh_k, monkeypatch, target_model, other_model, tokenizer, expected):
+    """After a rejection the lookahead restarts from the committed history; with fresh_k = 1 the verifier
+    takes what the worker has once the first token is there (the next ones come 60 ms apart), with
+    fresh_k = K it waits for all four. Every other step carries K. Output unchanged either way."""
+    from mirrorsd.runtime.decode import step as step_core
+    from mirrorsd.runtime.decode.gate import SpeculationGate
+    from mirrorsd.runtime.decode.pipeline import pipelined_decode
+
+    monkeypatch.setattr(step_core, "make_schedule", lambda config, overlapped=False: FreshK(config, fresh_k))
+    monkeypatch.setattr(step_core, "SpeculationGate", lambda **kw: SpeculationGate(enabled=False))  # every step drafts
+    cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=4, adaptive_k=False)
+    drafter = SlowPastTheFirstFreshToken(TorchCausalLM(other_model))
+    prompt = tokenizer(PROMPTS[0])["input_ids"]
+    steps = list(pipelined_decode(TorchCausalLM(target_model), drafter, prompt, cfg, 40))
+    assert [t for s in steps for t in s.tokens] == expected[PROMPTS[0]]
+    done = [sum(len(s.tokens) for s in steps[:i]) for i in range(len(steps))]
+    # steps after a rejection, where the request's budget still allowed K = 4
+    after_miss = [b.n_drafted for i, (a, b) in enumerate(zip(steps, steps[1:]))
+                  if a.n_accepted < a.n_drafted and done[i + 1] + 4 < 40]
+    assert len(after_miss) >= 3, [(s.n_drafted, s.n_accepted) for s in steps]  # the draft is not the target
+    assert max(after_miss) < 4 if fresh_k == 1 else set(after_miss) == {4}, after_miss
+    wait_for_no_draft_threads()

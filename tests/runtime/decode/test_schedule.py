@@ -55,6 +55,24 @@ def test_overlap_grows_k_until_drafting_fills_the_verify_pass():
     assert feed(CostAwareSchedule(cfg, overlapped=True), lambda k: k, 0.02, 0.1) == 5
 
 
+def test_overlapped_steps_after_a_miss_wait_for_a_short_draft():
+    """A draft token costing a third of a verify pass, about one rejection per 12 tokens: overlapped, a step
+    after a miss verifies fewer tokens than K (the verifier idles for them); sequentially, and in the
+    deterministic schedule, every step waits for K."""
+    cfg = GenerationConfig(num_draft_tokens=4, max_draft_tokens=16)
+    step = iter(range(10**6))
+    mostly = lambda k: k if next(step) % 3 else k // 2  # noqa: E731
+    overlapped = CostAwareSchedule(cfg, overlapped=True)
+    feed(overlapped, mostly, 0.03, 0.1)
+    assert 1 <= overlapped.fresh_k < overlapped.k
+    sequential = CostAwareSchedule(cfg)
+    feed(sequential, mostly, 0.03, 0.1)
+    assert sequential.fresh_k == sequential.k
+    fixed = DraftLengthSchedule(cfg)
+    fixed.update(4, 1)
+    assert fixed.fresh_k == fixed.k == 3
+
+
 def test_seeded_sampling_and_fixed_k_use_the_deterministic_schedule():
     assert isinstance(make_schedule(GenerationConfig()), CostAwareSchedule)
     assert isinstance(make_schedule(GenerationConfig(temperature=0.7, seed=3)), DraftLengthSchedule)

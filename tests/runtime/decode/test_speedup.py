@@ -40,6 +40,25 @@ def test_speedup_overlapped_by_hand():
                 assert speedup(alpha, k, c, overlapped=True) >= speedup(alpha, k, c) - 1e-12
 
 
+def test_short_fresh_steps_by_hand():
+    """alpha 0.5, K 2, c 0.25, a step after a miss verifies 1 token: steady steps stay steady with 0.125,
+    fresh ones turn steady with 0.25, so 0.875 / 1.125 of the steps are fresh; they carry 1.5 tokens for
+    1.25 units, steady ones 1.75 for max(1, 0.5)."""
+    fresh = 0.875 / 1.125
+    tokens, cost = (1 - fresh) * 1.75 + fresh * 1.5, (1 - fresh) * 1.0 + fresh * 1.25
+    assert speedup(0.5, 2, 0.25, overlapped=True, fresh_k=1) == pytest.approx(tokens / cost)
+    for alpha, k, c in ((0.5, 2, 0.25), (0.9, 6, 0.1), (0.3, 3, 1.0)):  # fresh_k = K is the plain formula
+        assert speedup(alpha, k, c, overlapped=True, fresh_k=k) == speedup(alpha, k, c, overlapped=True)
+    # A costly draft that rarely misses: the verifier waiting for 1 fresh token instead of 4 pays.
+    assert speedup(0.9, 4, 0.25, overlapped=True, fresh_k=1) > speedup(0.9, 4, 0.25, overlapped=True)
+    assert speedup(1.0, 4, 0.25, overlapped=True, fresh_k=1) == pytest.approx(5.0)  # never a fresh step
+    for bad in (0, 5):
+        with pytest.raises(ValueError):
+            speedup(0.5, 4, 0.1, overlapped=True, fresh_k=bad)
+    with pytest.raises(ValueError):
+        speedup(0.5, 4, 0.1, fresh_k=2)  # sequential steps are all fresh: no such choice
+
+
 def test_speedup_with_coverage_by_hand():
     # Half the steps drafted (1.75 tokens for 1.5 units), half plain (1 token for 1 unit): 1.375 / 1.25.
     assert speedup(0.5, 2, 0.25, coverage=0.5) == pytest.approx(1.1)
