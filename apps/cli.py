@@ -307,7 +307,7 @@ def export_cmd(
                                                        "(default: the exported model itself).")] = None,
     provider: Annotated[str, typer.Option(help="ONNX Runtime provider the validation runs on.")] = "cpu",
     atol: Annotated[float, typer.Option(help="Validation of an fp32 export: the largest |logit difference| "
-                                             "from PyTorch that passes.")] = 1e-4,
+                                             "from PyTorch that passes.")] = 5e-4,
     min_top1: Annotated[float, typer.Option(help="Validation of an fp16 or quantized export: the least top-1 "
                                                  "agreement with PyTorch that passes (0..1).")] = 0.99,
     verbose: Annotated[bool, typer.Option("--verbose", help="Show the tools' own logs and warnings (torch.onnx, "
@@ -325,7 +325,7 @@ def export_cmd(
     from mirrorsd.exporters.validate import Limits
 
     if not (atol >= 0 and 0 <= min_top1 <= 1):
-        raise ConfigError("--atol must be >= 0 and --min-top1 between 0 and 1", "e.g. --atol 1e-4 --min-top1 0.99")
+        raise ConfigError("--atol must be >= 0 and --min-top1 between 0 and 1", "e.g. --atol 5e-4 --min-top1 0.99")
     phases, limits = PhaseLog(PhaseDisplay(Console(stderr=True))), Limits(atol=atol, top1_min=min_top1)
     if validate:
         report = _validate_export(validate, target, provider, limits, phases, verbose)

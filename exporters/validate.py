@@ -20,7 +20,9 @@ import torch
 
 from mirrorsd.errors import ExportError
 
-ATOL = 1e-4
+ATOL = 5e-4
+"""fp32 runtimes sum in different orders on different CPUs: the real smollm2-135m (30 layers) came within
+1e-4 of PyTorch on an AMD EPYC and 1.4e-4 on an AVX-512 Xeon; a wrong graph is off by orders more."""
 TOP1_MIN = 0.99
 CONTINUATION = 64
 

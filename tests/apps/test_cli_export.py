@@ -40,7 +40,7 @@ def test_export_shows_each_phase_with_its_time_and_a_validation_table(export_run
         assert any(re.match(rf"{phase} +\d+\.\d s  \S", line) for line in lines), result.stderr
     assert any(re.match(r"quantize +skipped  fp32 weights kept", line) for line in lines), result.stderr
     assert "WARNING" not in result.stderr and "onnxscript" not in result.stderr  # the tools' noise stays out
-    assert "validation: passed" in result.stdout and re.search(r"max \|logit diff\| .* <= 0\.0001 .* ok", result.stdout)
+    assert "validation: passed" in result.stdout and re.search(r"max \|logit diff\| .* <= 0\.0005 .* ok", result.stdout)
     assert f"full report in {out}/manifest.json" in result.stdout and len(result.stdout.splitlines()) < 15
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["phase_seconds"]) == {"load", "export", "validate"}

@@ -19,8 +19,8 @@ def smol_export(tmp_path_factory):
 def test_smollm2_npu_export_validates(smol_export):
     _, manifest = smol_export
     report = manifest["validation"]
-    assert report["passed"], report  # fp32: logits within 1e-4 of PyTorch's, prefill and decode paths
-    # Within 1e-4 a near-tie argmax can still flip (another kernel's rounding): greedy continuations of
+    assert report["passed"], report  # fp32: logits within ATOL (5e-4) of PyTorch's, prefill and decode paths
+    # Within ATOL a near-tie argmax can still flip (another kernel's rounding): greedy continuations of
     # the export may then part ways after that token; the verifier keeps the output lossless anyway.
     assert report["top1_agreement"] >= 0.99 and report["acceptance_rate"] > 0.95, report
     assert manifest["dims"]["layers"] == 30 and manifest["vocab_size"] == 49152
