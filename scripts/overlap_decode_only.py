@@ -3,7 +3,11 @@ carries the prompt prefill, the same in both modes): how much of a short bench r
 what the pipeline gains on decoding alone. Why: docs/pipeline.md (issue #16, the int4 draft).
 
     .venv/bin/python scripts/overlap_decode_only.py --prompts he.jsonl --draft DIR [--no-fallback]
-        [--target qwen2.5-coder-1.5b] [--max-new-tokens 64] [--rounds 2]
+        [--draft-backend torch|onnx|llamacpp] [--fresh-ab] [--target qwen2.5-coder-1.5b] [--max-new-tokens 64]
+        [--rounds 2]
+
+--fresh-ab adds the row "overlap, fresh_k = K": the pipeline as it was before a step after a miss verified
+the first fresh_k tokens (it waits for K again), measured side by side in the same rounds.
 """
 
 from __future__ import annotations
@@ -12,22 +16,41 @@ import argparse
 import json
 import time
 
+from contextlib import contextmanager
+
 from mirrorsd import Engine, GenerationConfig
+from mirrorsd.runtime.decode import pipeline
 from mirrorsd.runtime.decode.threads import CorePins
 
 
-def run(engine: Engine, prompts: list, mode: str, tokens: int) -> tuple[float, float]:
-    """(tok/s end to end, tok/s without each request's first step)."""
-    total_n = total_s = first_n = first_s = 0.0
+@contextmanager
+def waiting_for_k(on: bool):
+    """The pipeline with every step waiting for K lookahead tokens, as before fresh_k (for the A/B row)."""
+    original = pipeline._Pipeline._want
+    if on:
+        pipeline._Pipeline._want = lambda self, budget: budget
+    try:
+        yield
+    finally:
+        pipeline._Pipeline._want = original
+
+
+def run(engine: Engine, prompts: list, mode: str, tokens: int, outputs: list) -> tuple[float, float, float, float]:
+    """(tok/s end to end, tok/s without each request's first step, draft time hidden, tokens per step); each
+    prompt's tokens go to `outputs`."""
+    total_n = total_s = first_n = first_s = hidden = drafting = steps = 0.0
     for messages in prompts:
         start = time.perf_counter()
         result = engine.generate(messages, GenerationConfig(max_new_tokens=tokens, pipeline=mode))
         total_s += time.perf_counter() - start
+        outputs.append(result.token_ids)
         total_n += len(result.token_ids)
         first = min((s for s in result.spans if s.lane == "verify"), key=lambda s: s.start)
         first_s += first.start + first.seconds  # from the request's start: its first draft and the prefill
         first_n += (first.accepted or 0) + 1
-    return total_n / total_s, (total_n - first_n) / (total_s - first_s)
+        hidden, drafting = hidden + result.stats.draft_hidden_s, drafting + result.stats.draft_time_s
+        steps += result.stats.verify_steps
+    return total_n / total_s, (total_n - first_n) / (total_s - first_s), hidden / max(drafting, 1e-9), total_n / steps
 
 
 def main() -> None:
@@ -38,17 +61,30 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-fallback", action="store_true", help="no inline n-gram drafts in the pipeline")
+    ap.add_argument("--draft-backend", default=None, help="the draft model's backend (default: auto)")
+    ap.add_argument("--fresh-ab", action="store_true", help="also overlap with every step waiting for K")
     args = ap.parse_args()
     prompts = [json.loads(line)["messages"] for line in open(args.prompts) if line.strip()]
-    engine = Engine.load(args.target, draft=args.draft, backend="torch", dtype="float32")
+    engine = Engine.load(args.target, draft=args.draft, backend="torch", dtype="float32",
+                         draft_backend=args.draft_backend)
     engine.pin_cores = CorePins.first_two()
     if args.no_fallback:
         engine = engine.with_drafter(engine.drafter, fallback=None)
-    print("| round | mode | tok/s | tok/s without each request's first step |\n|---|---|---|---|")
+    rows = [("sequential", False), ("overlap", False)] + ([("overlap", True)] if args.fresh_ab else [])
+    print(f"draft {engine.drafter.name}; pinned; {len(prompts)} prompts, {args.max_new_tokens} new tokens, greedy")
+    print("| round | mode | tok/s | tok/s without each request's first step | draft hidden | tokens/step |\n"
+          "|---|---|---|---|---|---|")
+    reference, equal = None, True
     for r in range(args.rounds):
-        for mode in ("sequential", "overlap"):
-            total, decode = run(engine, prompts, mode, args.max_new_tokens)
-            print(f"| {r + 1} | {mode} | {total:.2f} | {decode:.2f} |", flush=True)
+        for mode, wait_for_k in rows:
+            outputs = []
+            with waiting_for_k(wait_for_k):
+                total, decode, hidden, per_step = run(engine, prompts, mode, args.max_new_tokens, outputs)
+            reference = reference or outputs
+            equal = equal and outputs == reference
+            label = mode + (", fresh_k = K" if wait_for_k else "")
+            print(f"| {r + 1} | {label} | {total:.2f} | {decode:.2f} | {hidden:.2f} | {per_step:.2f} |", flush=True)
+    print("greedy outputs: " + ("token-equal in every row" if equal else "DIFFERENT between rows (FAILED)"))
 
 
 if __name__ == "__main__":

@@ -82,7 +82,12 @@ class CostAwareSchedule:
             return None
         c, growth = costs
         alpha = self.acceptance.alpha
-        return any(speedup(alpha, k, c, self.overlapped, growth=growth) >= 1.0 for k in range(1, self.max_k + 1))
+        return any(speedup(alpha, k, c, self.overlapped, growth=growth, fresh_k=f) >= 1.0 for k, f in self._choices())
+
+    def _choices(self):
+        """(K, fresh_k) pairs to choose from: fresh_k = K sequentially, any fresh_k <= K overlapped."""
+        ks = range(1, self.max_k + 1)
+        return ((k, f) for k in ks for f in range(1, k + 1)) if self.overlapped else ((k, None) for k in ks)
 
     def update(self, n_drafted: int, n_accepted: int) -> int:
         self.acceptance.update(n_drafted, n_accepted)
@@ -90,12 +95,12 @@ class CostAwareSchedule:
         if costs is not None:
             c, growth = costs
             alpha = self.acceptance.alpha
+            choices = list(self._choices())
             if self.overlapped:  # drafting must fit inside the verify pass it hides behind
-                ks = [k for k in range(1, self.max_k + 1) if k * c <= 1.0 + growth * k] or [1]
-                self.k, self.fresh_k = max(((k, f) for k in ks for f in range(1, k + 1)), key=lambda kf: speedup(
-                    alpha, kf[0], c, True, growth=growth, fresh_k=kf[1]))
-            else:
-                self.k = self.fresh_k = max(range(1, self.max_k + 1), key=lambda k: speedup(alpha, k, c, growth=growth))
+                choices = [(k, f) for k, f in choices if k * c <= 1.0 + growth * k] or [(1, 1)]
+            k, f = max(choices, key=lambda kf: speedup(alpha, kf[0], c, self.overlapped, growth=growth,
+                                                       fresh_k=kf[1]))
+            self.k, self.fresh_k = k, f or k
         return self.k
 
 
