@@ -6,8 +6,9 @@ what the pipeline gains on decoding alone. Why: docs/pipeline.md (issue #16, the
         [--draft-backend torch|onnx|llamacpp] [--fresh-ab] [--target qwen2.5-coder-1.5b] [--max-new-tokens 64]
         [--rounds 2]
 
---fresh-ab adds the row "overlap, fresh_k = K": the pipeline as it was before a step after a miss verified
-the first fresh_k tokens (it waits for K again), measured side by side in the same rounds.
+--fresh-ab adds the row "overlap, every step waits for K": the pipeline as it was before the request's first
+step prefilled the target alone and a step after a miss verified the first fresh_k tokens, measured side by
+side in the same rounds.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from mirrorsd.runtime.decode.threads import CorePins
 
 @contextmanager
 def waiting_for_k(on: bool):
-    """The pipeline with every step waiting for K lookahead tokens, as before fresh_k (for the A/B row)."""
+    """The pipeline with every step waiting for K lookahead tokens, the first included (for the A/B row)."""
     original = pipeline._Pipeline._want
     if on:
         pipeline._Pipeline._want = lambda self, budget: budget
@@ -63,6 +64,7 @@ def main() -> None:
     ap.add_argument("--no-fallback", action="store_true", help="no inline n-gram drafts in the pipeline")
     ap.add_argument("--draft-backend", default=None, help="the draft model's backend (default: auto)")
     ap.add_argument("--fresh-ab", action="store_true", help="also overlap with every step waiting for K")
+    ap.add_argument("--rows", default="sequential,overlap", help="which modes to run (with --fresh-ab: + the A/B row)")
     args = ap.parse_args()
     prompts = [json.loads(line)["messages"] for line in open(args.prompts) if line.strip()]
     engine = Engine.load(args.target, draft=args.draft, backend="torch", dtype="float32",
@@ -70,7 +72,7 @@ def main() -> None:
     engine.pin_cores = CorePins.first_two()
     if args.no_fallback:
         engine = engine.with_drafter(engine.drafter, fallback=None)
-    rows = [("sequential", False), ("overlap", False)] + ([("overlap", True)] if args.fresh_ab else [])
+    rows = [(mode, False) for mode in args.rows.split(",")] + ([("overlap", True)] if args.fresh_ab else [])
     print(f"draft {engine.drafter.name}; pinned; {len(prompts)} prompts, {args.max_new_tokens} new tokens, greedy")
     print("| round | mode | tok/s | tok/s without each request's first step | draft hidden | tokens/step |\n"
           "|---|---|---|---|---|---|")
@@ -82,7 +84,7 @@ def main() -> None:
                 total, decode, hidden, per_step = run(engine, prompts, mode, args.max_new_tokens, outputs)
             reference = reference or outputs
             equal = equal and outputs == reference
-            label = mode + (", fresh_k = K" if wait_for_k else "")
+            label = mode + (", every step waits for K" if wait_for_k else "")
             print(f"| {r + 1} | {label} | {total:.2f} | {decode:.2f} | {hidden:.2f} | {per_step:.2f} |", flush=True)
     print("greedy outputs: " + ("token-equal in every row" if equal else "DIFFERENT between rows (FAILED)"))
 

@@ -19,7 +19,8 @@ branch is the next draft (Rebase with it). Otherwise everything drafted past the
 the worker starts again from the committed history (Rebase). The step after that does not wait for a
 whole draft: it verifies the first `fresh_k` tokens the worker sends (the K schedule picks fresh_k from
 measured costs) while the worker drafts on, so the verifier idles for a short draft only and the step
-after it finds the lookahead full again.
+after it finds the lookahead full again. The request's first step waits for none: the target's prompt
+prefill runs while the worker prefills the draft and drafts the second step.
 
 Per step, the model-free `fallback` drafter (run inline) may serve instead, when its draft, made at
 once, promises more tokens per second than waiting for the lookahead; it takes over for good when the
@@ -266,9 +267,13 @@ class _Pipeline:
         return draft if quick_rate > model_rate else None
 
     def _want(self, budget: int) -> int:
-        """How many lookahead tokens this step waits for: the whole budget, or on a fresh lookahead (after a
-        miss) the schedule's fresh_k. Seeded sampling's schedule keeps fresh_k = k (reproducible drafts)."""
-        return min(budget, self.core.schedule.fresh_k) if self.fresh else budget
+        """How many lookahead tokens this step waits for: the whole budget; on a fresh lookahead (after a
+        miss) the schedule's fresh_k; none at the request's first step where the schedule prefills the target
+        alone. Seeded sampling's schedule does neither (reproducible drafts)."""
+        schedule = self.core.schedule
+        if self.core.generated == 0 and schedule.prefill_alone:
+            return 0
+        return min(budget, schedule.fresh_k) if self.fresh else budget
 
     def _lookahead_draft(self, budget: int) -> Draft:
         """Up to `budget` lookahead tokens, waiting for the worker until it has sent `_want(budget)`; drops the
@@ -281,7 +286,7 @@ class _Pipeline:
             return Draft.empty()
         self.fresh = False
         k = min(budget, len(self.look.tokens))
-        return Draft(self.look.tokens[:k], self.look.q(k), self.worker.drafter.name)
+        return Draft(self.look.tokens[:k], self.look.q(k), self.worker.drafter.name) if k else Draft.empty()
 
     def _stop_worker(self) -> None:
         if self.sharing is not None:  # the verifier has the CPU to itself from now on

@@ -21,6 +21,8 @@ class DraftLengthSchedule:
     def fresh_k(self) -> int:
         return self.k  # a step after a miss waits for a whole draft, as the sequential loop does
 
+    prefill_alone = False  # the first step drafts like every other (reproducible)
+
     def observe(self, n_drafted: int, draft_seconds: float, verify_seconds: float) -> None:
         pass  # timing plays no part here: K depends on acceptance alone (reproducible)
 
@@ -55,6 +57,9 @@ class CostAwareSchedule:
         self.k = min(config.num_draft_tokens, self.max_k)
         self.fresh_k = self.k
         self.overlapped = overlapped
+        # Overlapped, the request's first step verifies no draft: the target's prompt prefill, the longest
+        # pass, runs while the draft worker prefills and drafts the next step's tokens.
+        self.prefill_alone = overlapped
         self.decay = decay
         self.acceptance = AcceptanceEstimate(decay)
         self.draft_per_token = Ema(decay)

@@ -418,3 +418,26 @@ def test_a_step_after_a_miss_verifies_the_first_fresh_tokens_without_waiting_for
     assert len(after_miss) >= 3, [(s.n_drafted, s.n_accepted) for s in steps]  # the draft is not the target
     assert max(after_miss) < 4 if fresh_k == 1 else set(after_miss) == {4}, after_miss
     wait_for_no_draft_threads()
+
+
+def test_the_first_step_prefills_the_target_while_the_worker_drafts(target_model, other_model, tokenizer, expected):
+    """Overlapped with the cost-aware schedule, the request's first step verifies no draft (the prompt prefill
+    runs beside the draft's); the sequential loop and seeded sampling draft at once, as before."""
+    from mirrorsd.runtime.decode.pipeline import pipelined_decode
+    from mirrorsd.runtime.decode.sequential import speculative_decode
+
+    prompt = tokenizer(PROMPTS[0])["input_ids"]
+    cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=4)
+    draft = lambda: ModelDrafter(TorchCausalLM(other_model))  # noqa: E731
+    steps = list(pipelined_decode(TorchCausalLM(target_model), draft(), prompt, cfg, 40))
+    assert [t for s in steps for t in s.tokens] == expected[PROMPTS[0]]
+    assert steps[0].n_drafted == 0 and len(steps[0].tokens) == 1 and steps[0].source == "none"
+    assert any(s.n_drafted > 0 for s in steps[1:])
+    sequential = list(speculative_decode(TorchCausalLM(target_model), draft(), prompt, cfg, 40))
+    assert sequential[0].n_drafted == 4
+    seeded = GenerationConfig(max_new_tokens=10, num_draft_tokens=4, temperature=0.8, seed=1)
+    run = pipelined_decode(TorchCausalLM(target_model), draft(), prompt, seeded, 10)
+    first = next(run)
+    run.close()  # stops the draft worker
+    assert first.n_drafted == 4
+    wait_for_no_draft_threads()
