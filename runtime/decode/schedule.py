@@ -64,6 +64,7 @@ class CostAwareSchedule:
         self.acceptance = AcceptanceEstimate(decay)
         self.draft_per_token = Ema(decay)
         self._fit = _LinearFit(decay)
+        self._pays: bool | None = None
 
     def costs(self) -> tuple[float, float] | None:
         """(c, growth) relative to a plain pass, or None before anything is measured."""
@@ -79,32 +80,25 @@ class CostAwareSchedule:
         self._fit.add(n_drafted, verify_seconds)
 
     def pays(self) -> bool | None:
-        """Whether some K is predicted to beat a plain step at the measured acceptance and costs (None
-        before the costs are measured). On a backend whose verify pass grows steeply with K (llama.cpp on
-        a CPU: K=1 costs ~1.8 plain steps) a drafter accepted rarely loses at every K."""
-        costs = self.costs()
-        if costs is None:
-            return None
-        c, growth = costs
-        alpha = self.acceptance.alpha
-        return any(speedup(alpha, k, c, self.overlapped, growth=growth, fresh_k=f) >= 1.0 for k, f in self._choices())
-
-    def _choices(self):
-        """(K, fresh_k) pairs to choose from: fresh_k = K sequentially, any fresh_k <= K overlapped."""
-        ks = range(1, self.max_k + 1)
-        return ((k, f) for k in ks for f in range(1, k + 1)) if self.overlapped else ((k, None) for k in ks)
+        """Whether some K is predicted to beat a plain step at the acceptance and costs of the last update
+        (None before the costs are measured). On a backend whose verify pass grows steeply with K (llama.cpp
+        on a CPU: K=1 costs ~1.8 plain steps) a drafter accepted rarely loses at every K."""
+        return self._pays
 
     def update(self, n_drafted: int, n_accepted: int) -> int:
+        """Scores every (K, fresh_k) choice once: fresh_k = K sequentially, any fresh_k <= K overlapped."""
         self.acceptance.update(n_drafted, n_accepted)
         costs = self.costs()
         if costs is not None:
             c, growth = costs
             alpha = self.acceptance.alpha
-            choices = list(self._choices())
+            ks = range(1, self.max_k + 1)
+            choices = [(k, f) for k in ks for f in range(1, k + 1)] if self.overlapped else [(k, None) for k in ks]
+            score = {kf: speedup(alpha, kf[0], c, self.overlapped, growth=growth, fresh_k=kf[1]) for kf in choices}
+            self._pays = max(score.values()) >= 1.0
             if self.overlapped:  # drafting must fit inside the verify pass it hides behind
                 choices = [(k, f) for k, f in choices if k * c <= 1.0 + growth * k] or [(1, 1)]
-            k, f = max(choices, key=lambda kf: speedup(alpha, kf[0], c, self.overlapped, growth=growth,
-                                                       fresh_k=kf[1]))
+            k, f = max(choices, key=score.__getitem__)
             self.k, self.fresh_k = k, f or k
         return self.k
 
