@@ -102,8 +102,8 @@ def pipelined_decode(
             exit_request = pipe.early_exit(draft, quick)
             outcome = core.verify(draft, exit_request)
             core.commit(outcome)
+            pipe.learn(draft, quick, outcome, outcome.start - start)  # first: the worker drafts for the new K
             branch, hint = pipe.reconcile(outcome)
-            pipe.learn(draft, quick, outcome, outcome.start - start)
             yield make_step(draft, outcome, outcome.start - start, pipe.take_fault(), branch, hint)
     finally:
         pipe.close()

@@ -55,7 +55,8 @@ class CostAwareSchedule:
     def __init__(self, config: GenerationConfig, overlapped: bool = False, decay: float = 0.9) -> None:
         self.max_k = config.max_draft_tokens
         self.k = min(config.num_draft_tokens, self.max_k)
-        self.fresh_k = self.k
+        # Before costs are measured a step after a miss waits for one token, not K: the verifier idles least.
+        self.fresh_k = 1 if overlapped else self.k
         self.overlapped = overlapped
         # Overlapped, the request's first step verifies no draft: the target's prompt prefill, the longest
         # pass, runs while the draft worker prefills and drafts the next step's tokens.

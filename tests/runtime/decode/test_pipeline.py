@@ -441,3 +441,36 @@ def test_the_first_step_prefills_the_target_while_the_worker_drafts(target_model
     run.close()  # stops the draft worker
     assert first.n_drafted == 4
     wait_for_no_draft_threads()
+
+
+class GrowingK(DraftLengthSchedule):
+    """K 2, 4, 6, 8: two more after every step, whatever its outcome."""
+
+    def update(self, n_drafted, n_accepted):
+        self.k = min(self.k + 2, 8)
+        return self.k
+
+
+def test_the_worker_drafts_ahead_for_the_k_the_schedule_picks_after_the_step(
+        monkeypatch, target_model, other_model, tokenizer, expected):
+    """The K schedule learns from a step before the worker hears where the step landed, so the worker's limit
+    (2K + 1 tokens past the committed history: the next step's K, its bonus token and the K after it) follows
+    a growing K at once; told first, the worker stopped at the old K's limit and idled through the pass."""
+    from mirrorsd.runtime.decode import pipeline
+    from mirrorsd.runtime.decode import step as step_core
+    from mirrorsd.runtime.decode.gate import SpeculationGate
+
+    monkeypatch.setattr(step_core, "make_schedule", lambda config, overlapped=False: GrowingK(config))
+    monkeypatch.setattr(step_core, "SpeculationGate", lambda **kw: SpeculationGate(enabled=False))
+    ahead = []  # per message to the worker: its limit past the committed history
+    advance, rebase = pipeline.Advance, pipeline.Rebase
+    monkeypatch.setattr(pipeline, "Advance", lambda n, limit, *a: ahead.append(limit - n) or advance(n, limit, *a))
+    monkeypatch.setattr(pipeline, "Rebase", lambda e, committed, tokens, limit, *a:
+                        ahead.append(limit - len(committed)) or rebase(e, committed, tokens, limit, *a))
+    cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=2)
+    prompt = tokenizer(PROMPTS[0])["input_ids"]
+    steps = list(pipeline.pipelined_decode(TorchCausalLM(target_model), ModelDrafter(TorchCausalLM(other_model)),
+                                           prompt, cfg, 40))
+    assert [t for s in steps for t in s.tokens] == expected[PROMPTS[0]]
+    assert ahead[:5] == [5, 9, 13, 17, 17]  # the request's start (K = 2), then after steps 1-4 (K = 4, 6, 8, 8)
+    wait_for_no_draft_threads()

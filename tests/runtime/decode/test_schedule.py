@@ -73,6 +73,17 @@ def test_overlapped_steps_after_a_miss_wait_for_a_short_draft():
     assert fixed.fresh_k == fixed.k == 3
 
 
+def test_before_costs_are_measured_a_step_after_a_miss_waits_for_one_token_overlapped():
+    """The request's first measured step may follow a miss (the draft guessed the target's first token wrong
+    while the target prefilled): overlapped, it verifies the worker's first token instead of idling for K."""
+    cfg = GenerationConfig(num_draft_tokens=8, max_draft_tokens=16)
+    overlapped, sequential = CostAwareSchedule(cfg, overlapped=True), CostAwareSchedule(cfg)
+    assert (overlapped.k, overlapped.fresh_k) == (8, 1)
+    assert (sequential.k, sequential.fresh_k) == (8, 8)
+    overlapped.update(0, 0)  # the first step (prefill alone) is not measured: costs still unknown
+    assert (overlapped.k, overlapped.fresh_k) == (8, 1)
+
+
 def test_seeded_sampling_and_fixed_k_use_the_deterministic_schedule():
     assert isinstance(make_schedule(GenerationConfig()), CostAwareSchedule)
     assert isinstance(make_schedule(GenerationConfig(temperature=0.7, seed=3)), DraftLengthSchedule)
