@@ -77,6 +77,8 @@ def plan_branches(hint: Hint, seq: list[int], token_seconds: float | None, now: 
             reach *= own_p
         elif own is not None:
             lookahead_score = reach * own_p
+    if own_bonus is None or len(hint.top_ids) <= k:  # no guess or no candidates at the bonus position yet:
+        lookahead_score = reach * (hint.alpha if hint.alpha is not None else 1.0)  # (at most) all k pass
     candidates = sorted((c for c in candidates if c.score >= MIN_BRANCH_SCORE), key=lambda c: -c.score)
     budget = int((hint.deadline - now) / token_seconds) if token_seconds else 0
     chosen = candidates[: max(0, min(len(candidates), budget))]

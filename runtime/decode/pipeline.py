@@ -245,8 +245,12 @@ class _Pipeline:
         self.worker = worker
         if threads and verifier.threads is not None:
             self.sharing = CoreSharing(verifier.threads, lambda: worker.drafting, threads)
+        # Where the first step prefills the target alone, K is chosen from costs measured after it: the worker
+        # may draft for the largest K meanwhile (its core is otherwise idle through the longest pass).
+        schedule = self.core.schedule
+        k = schedule.max_k if schedule.prefill_alone else schedule.k
         worker.draft_queue.put(Rebase(self.look.epoch, tuple(self.core.committed), (),
-                                      len(self.core.committed) + 2 * self.core.schedule.k + 1, None))
+                                      len(self.core.committed) + 2 * k + 1, None))
 
     def _quick_draft(self, budget: int) -> Draft | None:
         """The inline drafter's draft, made now, if verifying it promises more tokens per second than

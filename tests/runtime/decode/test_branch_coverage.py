@@ -173,6 +173,25 @@ def test_plan_accepts_candidates_without_a_bonus_row():
     assert {(b.at, b.correction) for b in plan.branches} == {(0, 7), (1, 8)}
 
 
+def test_a_lookahead_without_its_bonus_guess_outranks_unlikely_branches():
+    """When the step verifies the whole lookahead, its guess at the bonus position is not drafted yet; the
+    lookahead is still where the step most likely lands (all k accepted), so the worker extends it before
+    drafting branches (a score of 0 there made the worker draft branches through the pass and left the next
+    step waiting for its draft)."""
+    logp = np.log(np.array([[0.6, 0.4], [0.5, 0.5]]))
+    with_alpha = Hint(2, (5, 6), np.array([[5, 7], [6, 8]]), logp, 1e9, 3, alpha=0.9)
+    plan = plan_branches(with_alpha, [1, 2, 5, 6], 1e-3, 0.0)
+    assert plan.lookahead_score == pytest.approx(0.9 ** 3)
+    assert all(b.score < plan.lookahead_score for b in plan.branches)
+    guessed = plan_branches(with_alpha, [1, 2, 5, 6, 3], 1e-3, 0.0)  # the guess is drafted, its candidates not sent
+    assert guessed.lookahead_score == pytest.approx(0.9 ** 3)
+    early_exit = Hint(2, (5, 6), np.array([[5, 7], [6, 8], [9, 4]]), np.log(np.array([[0.6, 0.4], [0.5, 0.5],
+                                                                                          [0.7, 0.3]])), 1e9, 3)
+    plan = plan_branches(early_exit, [1, 2, 5, 6], 1e-3, 0.0)
+    assert plan.lookahead_score == pytest.approx(0.6 * 0.5)  # at most: the chance that both pass
+    assert {(b.at, b.correction) for b in plan.branches} == {(0, 7), (1, 8), (2, 9), (2, 4)}
+
+
 def test_stats_add_up_hinted_steps():
     rec = StatsRecorder(3, pipeline="branches")
 

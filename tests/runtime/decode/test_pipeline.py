@@ -474,3 +474,22 @@ def test_the_worker_drafts_ahead_for_the_k_the_schedule_picks_after_the_step(
     assert [t for s in steps for t in s.tokens] == expected[PROMPTS[0]]
     assert ahead[:5] == [5, 9, 13, 17, 17]  # the request's start (K = 2), then after steps 1-4 (K = 4, 6, 8, 8)
     wait_for_no_draft_threads()
+
+
+def test_while_the_target_prefills_alone_the_worker_drafts_for_the_largest_k(
+        monkeypatch, target_model, other_model, tokenizer, expected):
+    """The cost-aware schedule picks K from costs measured after the first step, which prefills the target
+    alone: meanwhile the worker's limit is set for max_draft_tokens, not for the starting K."""
+    from mirrorsd.runtime.decode import pipeline
+
+    ahead = []
+    rebase = pipeline.Rebase
+    monkeypatch.setattr(pipeline, "Rebase", lambda e, committed, tokens, limit, *a:
+                        ahead.append(limit - len(committed)) or rebase(e, committed, tokens, limit, *a))
+    cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=2, max_draft_tokens=6)
+    prompt = tokenizer(PROMPTS[0])["input_ids"]
+    steps = list(pipeline.pipelined_decode(TorchCausalLM(target_model), ModelDrafter(TorchCausalLM(other_model)),
+                                           prompt, cfg, 40))
+    assert [t for s in steps for t in s.tokens] == expected[PROMPTS[0]]
+    assert ahead[0] == 2 * 6 + 1 and steps[0].n_drafted == 0
+    wait_for_no_draft_threads()
