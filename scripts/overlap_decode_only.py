@@ -3,15 +3,13 @@ carries the prompt prefill, the same in both modes): how much of a short bench r
 what the pipeline gains on decoding alone. Why: docs/pipeline.md (issue #16, the int4 draft).
 
     .venv/bin/python scripts/overlap_decode_only.py --prompts he.jsonl --draft DIR [--no-fallback]
-        [--draft-backend torch|onnx|llamacpp] [--fresh-ab] [--limit-ab] [--target qwen2.5-coder-1.5b]
+        [--draft-backend torch|onnx|llamacpp] [--fresh-ab] [--before-ab] [--target qwen2.5-coder-1.5b]
         [--max-new-tokens 64] [--rounds 2]
 
 --fresh-ab adds the row "overlap, every step waits for K": the pipeline as it was before the request's first
 step prefilled the target alone and a step after a miss verified the first fresh_k tokens, measured side by
-side in the same rounds. --limit-ab adds the row "overlap, worker limit from the previous K": the pipeline as it
-was before the K schedule learned from a step ahead of the worker (whose lookahead limit, 2K+1 tokens past the
-committed history, then lagged one step behind a growing K), and before a step after a miss waited for one token,
-not K, until costs are measured.
+side in the same rounds. --before-ab adds, after each pipeline mode in --rows, that mode "with the lookahead
+as before" the changes of 2026-12-01 that keep the worker's lookahead ahead of the verifier (lookahead_as_before).
 """
 
 from __future__ import annotations
@@ -23,7 +21,8 @@ import time
 from contextlib import contextmanager
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.runtime.decode import pipeline, schedule
+from mirrorsd.runtime.decode import pipeline, schedule, worker
+from mirrorsd.runtime.decode.branches import BranchPlan
 from mirrorsd.runtime.decode.threads import CorePins
 
 
@@ -40,10 +39,15 @@ def waiting_for_k(on: bool):
 
 
 @contextmanager
-def stale_limit(on: bool):
-    """The pipeline with the worker told each step's outcome before the K schedule learns from it, and a step
-    after a miss waiting for K tokens until costs are measured (for the A/B row)."""
-    learn, reconcile, init = pipeline._Pipeline.learn, pipeline._Pipeline.reconcile, schedule.CostAwareSchedule.__init__
+def lookahead_as_before(on: bool):
+    """The pipeline's lookahead as it was before four changes, for the A/B rows: the worker heard where a step
+    landed before the K schedule learned from it (its limit, 2K+1 tokens past the committed history, then
+    lagged one step behind a growing K); a step after a miss waited for K tokens until costs were measured; the
+    worker's limit while the target prefilled alone was set for the starting K; and a branch plan scored the
+    lookahead 0 when the step verified all of it (the worker then drafted branches before the next draft)."""
+    learn, reconcile = pipeline._Pipeline.learn, pipeline._Pipeline.reconcile
+    init, rebase, plan = schedule.CostAwareSchedule.__init__, pipeline.Rebase, worker.plan_branches
+    start_k = GenerationConfig().num_draft_tokens
 
     def deferred_learn(self, *args):
         self.deferred = args
@@ -57,14 +61,28 @@ def stale_limit(on: bool):
         init(self, config, overlapped, decay)
         self.fresh_k = self.k
 
+    def start_limit_from_k(epoch, committed, ahead, limit, n_accepted):
+        at_start = n_accepted is None  # the request's first message
+        return rebase(epoch, committed, ahead, len(committed) + 2 * start_k + 1 if at_start else limit, n_accepted)
+
+    def lookahead_zero_without_bonus_row(hint, seq, token_seconds, now):
+        result = plan(hint, seq, token_seconds, now)
+        k, base = len(hint.draft), hint.base_len
+        guessed = len(seq) > base + k and seq[base:base + k] == list(hint.draft)
+        return result if guessed and len(hint.top_ids) > k else BranchPlan(result.branches, 0.0)
+
+    def install(functions) -> None:
+        (pipeline._Pipeline.learn, pipeline._Pipeline.reconcile, schedule.CostAwareSchedule.__init__,
+         pipeline.Rebase, worker.plan_branches) = functions
+
+    originals = (learn, reconcile, init, rebase, plan)
     if on:
-        pipeline._Pipeline.learn, pipeline._Pipeline.reconcile = deferred_learn, reconcile_then_learn
-        schedule.CostAwareSchedule.__init__ = fresh_k_prior_k
+        install((deferred_learn, reconcile_then_learn, fresh_k_prior_k, start_limit_from_k,
+                 lookahead_zero_without_bonus_row))
     try:
         yield
     finally:
-        pipeline._Pipeline.learn, pipeline._Pipeline.reconcile = learn, reconcile
-        schedule.CostAwareSchedule.__init__ = init
+        install(originals)
 
 
 def run(engine: Engine, prompts: list, mode: str, tokens: int, outputs: list) -> tuple[float, float, float, float]:
@@ -95,7 +113,7 @@ def main() -> None:
     ap.add_argument("--no-fallback", action="store_true", help="no inline n-gram drafts in the pipeline")
     ap.add_argument("--draft-backend", default=None, help="the draft model's backend (default: auto)")
     ap.add_argument("--fresh-ab", action="store_true", help="also overlap with every step waiting for K")
-    ap.add_argument("--limit-ab", action="store_true", help="also overlap with the worker's limit from the previous K")
+    ap.add_argument("--before-ab", action="store_true", help="also each pipeline mode with the lookahead as before")
     ap.add_argument("--rows", default="sequential,overlap", help="which modes to run (with --fresh-ab: + the A/B row)")
     args = ap.parse_args()
     prompts = [json.loads(line)["messages"] for line in open(args.prompts) if line.strip()]
@@ -104,9 +122,10 @@ def main() -> None:
     engine.pin_cores = CorePins.first_two()
     if args.no_fallback:
         engine = engine.with_drafter(engine.drafter, fallback=None)
-    rows = ([(mode, None) for mode in args.rows.split(",")] + ([("overlap", "wait")] if args.fresh_ab else [])
-            + ([("overlap", "stale")] if args.limit_ab else []))
-    labels = {None: "", "wait": ", every step waits for K", "stale": ", worker limit from the previous K"}
+    rows = [(mode, variant) for mode in args.rows.split(",")
+            for variant in (None, "before") if variant is None or (args.before_ab and mode != "sequential")]
+    rows += [("overlap", "wait")] if args.fresh_ab else []
+    labels = {None: "", "wait": ", every step waits for K", "before": ", lookahead as before"}
     print(f"draft {engine.drafter.name}; pinned; {len(prompts)} prompts, {args.max_new_tokens} new tokens, greedy")
     print("| round | mode | tok/s | tok/s without each request's first step | draft hidden | tokens/step |\n"
           "|---|---|---|---|---|---|")
@@ -114,7 +133,7 @@ def main() -> None:
     for r in range(args.rounds):
         for mode, variant in rows:
             outputs = []
-            with waiting_for_k(variant == "wait"), stale_limit(variant == "stale"):
+            with waiting_for_k(variant == "wait"), lookahead_as_before(variant == "before"):
                 total, decode, hidden, per_step = run(engine, prompts, mode, args.max_new_tokens, outputs)
             reference = reference or outputs
             equal = equal and outputs == reference
