@@ -40,6 +40,7 @@ class Cell:
     first: Output | None = None  # the first repeat's output (tokens, stats, timings)
     equal: bool | None = None  # greedy prompts: all repeats token-equal to the reference (near-ties allowed)
     near_ties: list[float] = field(default_factory=list)  # top-2 gaps where a quantized kernel diverged
+    cached_prompt_tokens: int = 0  # prompt tokens our runs found in a KV cache (0: every run prefilled cold)
 
 
 @dataclass
@@ -238,6 +239,7 @@ def _run_once(cell: Cell, runner, ids, cfg) -> Output:
     t0 = time.perf_counter()
     out = runner(ids, cfg)
     cell.seconds.append(time.perf_counter() - t0)
+    cell.cached_prompt_tokens += out.stats.cached_prompt_tokens if out.stats is not None else 0
     if cell.first is None:
         cell.first = out
     return out
@@ -343,6 +345,7 @@ def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -
                             for cat, idx in by_cat.items()},
             "greedy_equal_to_target_only": all(equal) if equal else None,
             "near_tie_gaps": [g for cell in row_cells for g in cell.near_ties],
+            "cached_prompt_tokens": sum(cell.cached_prompt_tokens for cell in row_cells),
             "model_memory_mb": round(sum(ctx.memory_mb.get(m, 0.0) for m in c.memory), 1)
             if all(m in ctx.memory_mb for m in c.memory) else None,
             "mismatched_prompts": [prompts[i].label for i in all_idx if row_cells[i].equal is False],

@@ -193,11 +193,14 @@ def register(config: BenchConfig, after: str | None = None) -> BenchConfig:
 def ours(ctx: BenchContext, drafter, engine: Engine | None = None, **config: object) -> Runner:
     """A runner for our runtime (`engine`, default the torch target) with `drafter` (None: target-only)
     and GenerationConfig overrides (e.g. pipeline="overlap"), timing every token; the draft/verify spans
-    are the request's own (GenerationResult.spans), so overlapped work shows as overlapped."""
+    are the request's own (GenerationResult.spans), so overlapped work shows as overlapped. Every run
+    starts from cold KV caches: rows share loaded models, and a cache left by the row before on the same
+    prompt would let a run skip its prompt prefill."""
     base = engine or ctx.engine
 
     def run(ids: list[int], cfg: GenerationConfig) -> Output:
         engine = base.with_drafter(drafter)  # paired with a fallback as Engine.load pairs them
+        engine.reset()
         out = Output([])
         start = time.perf_counter()
         for event in engine.stream(ids, replace(cfg, **config)):
@@ -346,6 +349,7 @@ def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner
             from llama_cpp import LlamaGrammar
 
             sampling["grammar"] = LlamaGrammar.from_json_schema(cfg.json_schema, verbose=False)
+        llm.reset()  # a cold cache, as our rows start: generate() would reuse the prefix of the last request
         for token in llm.generate(ids, reset=True, repeat_penalty=1.0, **sampling):
             out.tokens.append(int(token))
             out.token_times.append(time.perf_counter() - start)

@@ -448,8 +448,10 @@ def _accounting(result: GenerationResult) -> dict:
     total_ms = s.total_time_s * 1000.0
     return {
         "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": completion,
-                  "total_tokens": s.prompt_tokens + completion},
-        "timings": {"prompt_n": s.prompt_tokens, "predicted_n": completion, "predicted_ms": total_ms,
+                  "total_tokens": s.prompt_tokens + completion,
+                  "prompt_tokens_details": {"cached_tokens": s.cached_prompt_tokens}},
+        "timings": {"cache_n": s.cached_prompt_tokens, "prompt_n": s.prompt_tokens - s.cached_prompt_tokens,
+                    "predicted_n": completion, "predicted_ms": total_ms,
                     "predicted_per_token_ms": total_ms / completion if completion else 0.0,
                     "predicted_per_second": s.tokens_per_second, "draft_n": s.drafted_tokens,
                     "draft_n_accepted": s.accepted_tokens},

@@ -166,6 +166,9 @@ class CausalLM(Protocol):
     def truncate(self, length: int) -> None:
         """Drop cached positions >= length."""
 
+    def cached_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of `tokens` the cache already holds (what a prompt need not prefill)."""
+
     def reset(self) -> None:
         """Forget the whole cache."""
 

@@ -288,7 +288,9 @@ class Engine:
             mode = self.pipeline_mode(cfg)
             timeline = Timeline()
             chain = tuple(d.name for d in self.drafter.drafters) if isinstance(self.drafter, ChainDrafter) else ()
-            recorder = StatsRecorder(len(ids), timeline, mode, self.verifier.backend, chain)
+            # prompt caching: the prefix this request shares with the cache (at least one token is always fed)
+            cached = min(self.verifier.cached_prefix(ids), len(ids) - 1)
+            recorder = StatsRecorder(len(ids), timeline, mode, self.verifier.backend, chain, cached)
             text = _TextAssembler(self.tokenizer, cfg.stop)
             tokens: list[int] = []
             from_draft: list[bool] = []
@@ -336,6 +338,18 @@ class Engine:
             yield FinishEvent(result, tail)
 
     # -- lifecycle --------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget every model's KV cache (the verifier's and a draft model's): the next request prefills its
+        whole prompt, as a first request does. Otherwise a request reuses the longest prefix it shares with
+        the one before (prompt caching: a chat's next turn prefills only the new turn), which
+        `stats.cached_prompt_tokens` reports. Benchmarks reset before every timed request."""
+        with self._lock:
+            self._check_open()
+            self.verifier.reset()
+            for drafter in (self.drafter, self.fallback):
+                if isinstance(drafter, DraftModel):
+                    drafter.lm.reset()
 
     def close(self) -> None:
         """Wait for a running request to finish (its draft worker thread ends with it), then free the

@@ -18,6 +18,7 @@ class GenerationStats:
     """Speculation statistics of one request (a snapshot; events carry the running one)."""
 
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of those, the ones the verifier's KV cache held from the request before
     generated_tokens: int = 0
     verify_steps: int = 0
     drafted_tokens: int = 0
@@ -144,8 +145,9 @@ class StatsRecorder:
     """Accumulates Steps (and the request's timeline of draft/verify work) into GenerationStats."""
 
     def __init__(self, prompt_tokens: int, timeline=None, pipeline: str = "sequential", backend: str = "",
-                 chain: tuple[str, ...] = ()) -> None:
+                 chain: tuple[str, ...] = (), cached_prompt_tokens: int = 0) -> None:
         self.prompt_tokens = prompt_tokens
+        self.cached_prompt_tokens = cached_prompt_tokens
         self.chain = chain
         self.timeline = timeline
         self.pipeline = pipeline
@@ -203,6 +205,7 @@ class StatsRecorder:
             draft_time, verify_time, hidden = busy["draft"], busy["verify"], self.timeline.overlap
         return GenerationStats(
             prompt_tokens=self.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens,
             generated_tokens=self.generated,
             verify_steps=self.steps,
             drafted_tokens=self.drafted,

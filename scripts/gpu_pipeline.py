@@ -54,6 +54,7 @@ def run_row(engine: Engine, prompts: list, mode: str, tokens: int, reference: li
     for i, messages in enumerate(prompts):
         if torch.cuda.is_available():
             torch.cuda.synchronize()
+        engine.reset()  # a cold start: no prompt prefix kept from the run before
         start = time.perf_counter()
         result = engine.generate(messages, GenerationConfig(max_new_tokens=tokens, pipeline=mode))
         seconds += time.perf_counter() - start

@@ -90,6 +90,7 @@ def run(engine: Engine, prompts: list, mode: str, tokens: int, outputs: list) ->
     prompt's tokens go to `outputs`."""
     total_n = total_s = first_n = first_s = hidden = drafting = steps = 0.0
     for messages in prompts:
+        engine.reset()  # a cold start: no prompt prefix kept from the run before
         start = time.perf_counter()
         result = engine.generate(messages, GenerationConfig(max_new_tokens=tokens, pipeline=mode))
         total_s += time.perf_counter() - start

@@ -61,6 +61,9 @@ class PrefixCachedLM:
             raise
         del self._cached[length:]
 
+    def cached_prefix(self, tokens: Sequence[int]) -> int:
+        return common_prefix(self._cached, tokens)
+
     def score(self, committed: Sequence[int], draft: Sequence[int] = ()) -> torch.Tensor:
         """Logits [k+1, V] (float32): row i is the distribution after committed + draft[:i]."""
         return self._score(committed, draft)

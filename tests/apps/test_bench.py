@@ -73,6 +73,15 @@ def test_every_configuration_runs_and_greedy_outputs_match(bench_report):
     assert creative and all(p["temperature"] > 0 and not p["greedy_checked"] for p in creative)
 
 
+def test_every_run_prefills_its_prompt_from_a_cold_cache(bench_report):
+    """Rows share the loaded models, and each row runs the prompt the row before just ran: a KV cache kept
+    from that run would let this one skip its prompt prefill and look faster than the reference."""
+    report, _ = bench_report
+    ours_rows = [r for r in report["rows"] if r["ours"]]
+    assert len(ours_rows) > 5 and all(r["cached_prompt_tokens"] == 0 for r in ours_rows), \
+        {r["configuration"]: r["cached_prompt_tokens"] for r in ours_rows}
+
+
 def test_a_configuration_that_changes_the_output_is_marked_failed(bench_report):
     report, out = bench_report
     broken = next(r for r in report["rows"] if r["configuration"] == BROKEN)

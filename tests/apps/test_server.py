@@ -47,6 +47,12 @@ def test_chat_completion_matches_the_engine_and_carries_stats(client, engine):
     assert resp.usage.completion_tokens == len(expected.token_ids)
     assert resp.usage.prompt_tokens == len(engine.encode(messages))
     extra = resp.model_extra
+    # prompt caching: the engine's own request just ran this prompt, so only its last token is fed again
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+    assert again.choices[0].message.content == expected.text
+    cached = len(engine.encode(messages)) - 1
+    assert again.usage.prompt_tokens_details.cached_tokens == again.model_extra["timings"]["cache_n"] == cached
+    assert again.model_extra["timings"]["prompt_n"] == 1
     assert extra["timings"]["predicted_n"] == len(expected.token_ids)
     assert extra["timings"]["draft_n_accepted"] <= extra["timings"]["draft_n"]
     spec = extra["speculative"]

@@ -113,3 +113,25 @@ def test_drafters_run_on_threads_that_leave_ctrl_c_to_the_main_thread(mode, toke
     engine = Engine(target_model, tokenizer, MaskRecorder(), fallback=None)
     engine.generate("def f(x):", GenerationConfig(max_new_tokens=8, pipeline=mode))
     assert masks and all(signal.SIGINT in m and signal.SIGTERM in m for m in masks)
+
+
+def test_a_request_reuses_the_prefix_it_shares_with_the_last_and_reset_forgets_it(tokenizer, target_model, other_model):
+    """Prompt caching: a chat's next turn prefills only what is new, with output unchanged; reset() makes the
+    next request prefill everything (the verifier's and the draft model's caches), as a first request does."""
+    from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
+    from mirrorsd.runtime.drafters.model import ModelDrafter
+
+    cfg = GenerationConfig(max_new_tokens=12)
+    draft = ModelDrafter(TorchCausalLM(other_model))
+    engine = Engine(target_model, tokenizer, draft)
+    first = engine.encode([{"role": "user", "content": "def quicksort(arr):"}])
+    reply = engine.generate(first, cfg)
+    assert reply.stats.cached_prompt_tokens == 0
+    turn = first + reply.token_ids + engine.encode([{"role": "user", "content": "and in place?"}])
+    warm = engine.generate(turn, cfg)
+    assert warm.stats.cached_prompt_tokens >= len(first) and warm.stats.prompt_tokens == len(turn)
+    engine.reset()
+    assert engine.verifier.cached_prefix(turn) == 0 and draft.lm.cached_prefix(turn) == 0
+    cold = engine.generate(turn, cfg)
+    assert cold.stats.cached_prompt_tokens == 0
+    assert cold.token_ids == warm.token_ids == Engine(target_model, tokenizer, None).generate(turn, cfg).token_ids
