@@ -306,10 +306,13 @@ def export_cmd(
     target: Annotated[Optional[str], typer.Option(help="Verifier for the validation's acceptance rate "
                                                        "(default: the exported model itself).")] = None,
     provider: Annotated[str, typer.Option(help="ONNX Runtime provider the validation runs on.")] = "cpu",
-    atol: Annotated[float, typer.Option(help="Validation of an fp32 export: the largest |logit difference| "
-                                             "from PyTorch that passes.")] = 5e-4,
-    min_top1: Annotated[float, typer.Option(help="Validation of an fp16 or quantized export: the least top-1 "
-                                                 "agreement with PyTorch that passes (0..1).")] = 0.99,
+    atol: Annotated[Optional[float], typer.Option(help="Validation of an fp32 export: the largest |logit "
+                                                       "difference| from PyTorch that passes [default: 5e-4, "
+                                                       "exporters.validate.ATOL].", show_default=False)] = None,
+    min_top1: Annotated[Optional[float], typer.Option(help="Validation of an fp16 or quantized export: the least "
+                                                           "top-1 agreement with PyTorch that passes (0..1) [default: "
+                                                           "0.99, exporters.validate.TOP1_MIN].",
+                                                      show_default=False)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Show the tools' own logs and warnings (torch.onnx, "
                                                             "onnxscript, onnxruntime), hidden by default.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the manifest (or, with --validate, the report) "
@@ -324,9 +327,10 @@ def export_cmd(
     from mirrorsd.exporters.phases import PhaseLog
     from mirrorsd.exporters.validate import Limits
 
-    if not (atol >= 0 and 0 <= min_top1 <= 1):
+    limits = Limits(**{k: v for k, v in (("atol", atol), ("top1_min", min_top1)) if v is not None})
+    if not (limits.atol >= 0 and 0 <= limits.top1_min <= 1):
         raise ConfigError("--atol must be >= 0 and --min-top1 between 0 and 1", "e.g. --atol 5e-4 --min-top1 0.99")
-    phases, limits = PhaseLog(PhaseDisplay(Console(stderr=True))), Limits(atol=atol, top1_min=min_top1)
+    phases = PhaseLog(PhaseDisplay(Console(stderr=True)))
     if validate:
         report = _validate_export(validate, target, provider, limits, phases, verbose)
         _show_validation(report, report if as_json else None, f"the export in {validate} is unchanged")

@@ -135,8 +135,6 @@ class GGUFMatrices:
     def find(self, weight_t: np.ndarray) -> tuple[Carried | None, str, str]:
         """(carried form, GGUF tensor name, GGUF type) of a graph weight given as [N, K]; the carried form
         is None when no GGUF tensor holds these rows, or its type has no MatMulNBits form here."""
-        import gguf
-
         index = self.rows.get(weight_t.shape, {})
         hits = [index.get(hash(row.tobytes())) for row in weight_t]
         names = {h[0] for h in hits if h is not None}
@@ -145,12 +143,10 @@ class GGUFMatrices:
         name = names.pop()
         t = self.tensors[name]
         order = np.array([h[1] for h in hits])
-        weights = gguf.quants.dequantize(t.data, t.tensor_type)
-        raw = np.asarray(t.data).reshape(weights.shape[0], -1)[order]  # whole GGUF blocks per row
-        c = carry(t.tensor_type.name, raw, weight_t.shape, weights[order])
-        if c is not None and not np.array_equal(dequantize(c), weight_t):
-            c = None
-        return c, name, t.tensor_type.name
+        raw = np.asarray(t.data).reshape(weight_t.shape[0], -1)[order]  # whole GGUF blocks per row
+        # the graph's rows are the tensor's dequantized rows (matched above); carry() checks its form
+        # reproduces them exactly, so a hash collision cannot slip through
+        return carry(t.tensor_type.name, raw, weight_t.shape, weight_t), name, t.tensor_type.name
 
 
 def carry_gguf_blocks(src: Path, dst: Path, gguf_path: Path) -> dict:

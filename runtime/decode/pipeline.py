@@ -187,7 +187,7 @@ class _Pipeline:
         base = len(committed) - len(new)
         branches = drain(self.worker, self.look, base, base if hint else None)
         record = self._measure(hint, outcome, branches) if hint else None
-        limit = len(committed) + 2 * self.core.schedule.k + 1
+        limit = self._limit(self.core.schedule.k)
         if self.look.tokens[:len(new)] == new:
             self.look.advance(len(new))
             self.worker.draft_queue.put(Advance(len(committed), limit, outcome.n_accepted))
@@ -249,8 +249,12 @@ class _Pipeline:
         # may draft for the largest K meanwhile (its core is otherwise idle through the longest pass).
         schedule = self.core.schedule
         k = schedule.max_k if schedule.prefill_alone else schedule.k
-        worker.draft_queue.put(Rebase(self.look.epoch, tuple(self.core.committed), (),
-                                      len(self.core.committed) + 2 * k + 1, None))
+        worker.draft_queue.put(Rebase(self.look.epoch, tuple(self.core.committed), (), self._limit(k), None))
+
+    def _limit(self, k: int) -> int:
+        """How far past the committed history the worker may draft: this step's K, the next step's K, and
+        the bonus position between them."""
+        return len(self.core.committed) + 2 * k + 1
 
     def _quick_draft(self, budget: int) -> Draft | None:
         """The inline drafter's draft, made now, if verifying it promises more tokens per second than

@@ -57,11 +57,9 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
 
 def step_cost(alpha: float, k: int, c: float, overlapped: bool = False, growth: float = 0.0) -> float:
     """Wall time of one drafted step in target-step units (see the module docstring; fresh steps of K)."""
-    verify_cost = 1.0 + growth * k
     if not overlapped:
-        return verify_cost + k * c
-    hit = alpha ** (k + 1)
-    return hit * max(verify_cost, k * c) + (1.0 - hit) * (verify_cost + k * c)
+        return 1.0 + growth * k + k * c
+    return _overlapped_mix(alpha, k, c, growth, k)[1]  # with fresh_k = k: hit * max(...) + miss * (...)
 
 
 def _overlapped_mix(alpha: float, k: int, c: float, growth: float, fresh_k: int) -> tuple[float, float]:
@@ -89,10 +87,10 @@ def speedup(alpha: float, k: int, c: float, overlapped: bool = False, coverage: 
         raise ValueError(f"coverage must be in [0, 1], got {coverage}")
     if fresh_k is not None and not (overlapped and 1 <= fresh_k <= max(k, 1) and int(fresh_k) == fresh_k):
         raise ValueError(f"fresh_k must be in [1, k] and overlapped, got {fresh_k} for k={k}")
-    if overlapped and fresh_k is not None and fresh_k < k:
-        drafted, drafted_cost = _overlapped_mix(alpha, k, c, growth, fresh_k)
+    if overlapped:
+        drafted, drafted_cost = _overlapped_mix(alpha, k, c, growth, k if fresh_k is None else fresh_k)
     else:
-        drafted, drafted_cost = expected_tokens_per_step(alpha, k), step_cost(alpha, k, c, overlapped, growth)
+        drafted, drafted_cost = expected_tokens_per_step(alpha, k), step_cost(alpha, k, c, False, growth)
     return (coverage * drafted + (1.0 - coverage)) / (coverage * drafted_cost + (1.0 - coverage))
 
 
