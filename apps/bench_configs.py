@@ -334,14 +334,20 @@ def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner
     from mirrorsd.runtime.backends.cpu_kernels import physical_cores
 
     lm = ctx.cpp_engine.verifier
-    threads = physical_cores()
-    # A draft model makes llama-cpp-python keep logits for every position: n_ctx x vocab floats.
-    llm = Llama(model_path=str(lm.path), n_ctx=2048 if prompt_lookup else lm.max_context, n_threads=threads,
-                n_threads_batch=threads, n_gpu_layers=-1 if lm.computes_on == "gpu" else 0, verbose=False,
-                draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10) if prompt_lookup else None)
+    if prompt_lookup:  # a draft model makes llama-cpp-python keep logits for every position: its own context
+        threads = physical_cores()
+        llm = Llama(model_path=str(lm.path), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
+                    n_gpu_layers=-1 if lm.computes_on == "gpu" else 0, verbose=False,
+                    draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))
+    else:
+        # The very Llama our backend decodes with: two loads of one GGUF in a process decode at different
+        # speeds (docs/measurements.md: memory placement), so only the same object compares the loops alone.
+        llm = lm.llm
     eos = ctx.cpp_engine.eos_ids
 
     def run(ids: list[int], cfg: GenerationConfig) -> Output:
+        if not prompt_lookup:
+            lm.reset()  # our backend's bookkeeping and the context's cache both empty (and again after)
         out, start = Output([]), time.perf_counter()
         sampling = dict(temp=cfg.temperature, top_p=cfg.top_p, top_k=0, min_p=0.0) if cfg.temperature > 0 else \
             dict(temp=0.0)
@@ -355,6 +361,8 @@ def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner
             out.token_times.append(time.perf_counter() - start)
             if len(out.tokens) >= cfg.max_new_tokens or token in eos:
                 break
+        if not prompt_lookup:
+            lm.reset()
         return out
 
     return run
