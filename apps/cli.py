@@ -307,11 +307,11 @@ def export_cmd(
                                                        "(default: the exported model itself).")] = None,
     provider: Annotated[str, typer.Option(help="ONNX Runtime provider the validation runs on.")] = "cpu",
     atol: Annotated[Optional[float], typer.Option(help="Validation of an fp32 export: the largest |logit "
-                                                       "difference| from PyTorch that passes [default: 5e-4, "
-                                                       "exporters.validate.ATOL].", show_default=False)] = None,
+                                                       "difference| from PyTorch that passes (default 5e-4, "
+                                                       "exporters.validate.ATOL).", show_default=False)] = None,
     min_top1: Annotated[Optional[float], typer.Option(help="Validation of an fp16 or quantized export: the least "
-                                                           "top-1 agreement with PyTorch that passes (0..1) [default: "
-                                                           "0.99, exporters.validate.TOP1_MIN].",
+                                                           "top-1 agreement with PyTorch that passes, 0..1 (default "
+                                                           "0.99, exporters.validate.TOP1_MIN).",
                                                       show_default=False)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Show the tools' own logs and warnings (torch.onnx, "
                                                             "onnxscript, onnxruntime), hidden by default.")] = False,
