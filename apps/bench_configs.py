@@ -346,8 +346,10 @@ def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner
     eos = ctx.cpp_engine.eos_ids
 
     def run(ids: list[int], cfg: GenerationConfig) -> Output:
-        if not prompt_lookup:
-            lm.reset()  # our backend's bookkeeping and the context's cache both empty (and again after)
+        # A cold cache, as our rows start (generate() would reuse the prefix of the last request); on the shared
+        # Llama through our backend, so its bookkeeping empties with the context's cache (and again after).
+        reset = llm.reset if prompt_lookup else lm.reset
+        reset()
         out, start = Output([]), time.perf_counter()
         sampling = dict(temp=cfg.temperature, top_p=cfg.top_p, top_k=0, min_p=0.0) if cfg.temperature > 0 else \
             dict(temp=0.0)
@@ -355,7 +357,6 @@ def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner
             from llama_cpp import LlamaGrammar
 
             sampling["grammar"] = LlamaGrammar.from_json_schema(cfg.json_schema, verbose=False)
-        llm.reset()  # a cold cache, as our rows start: generate() would reuse the prefix of the last request
         for token in llm.generate(ids, reset=True, repeat_penalty=1.0, **sampling):
             out.tokens.append(int(token))
             out.token_times.append(time.perf_counter() - start)
