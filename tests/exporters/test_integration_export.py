@@ -34,6 +34,15 @@ def test_engine_with_the_smollm2_export_is_token_equal(smol_export):
     assert engine.drafter.name == "onnx:CPU"
     cfg = GenerationConfig(max_new_tokens=40)
     messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+    expected = plain.generate(messages, cfg).token_ids
     result = engine.generate(messages, cfg)
-    assert result.token_ids == plain.generate(messages, cfg).token_ids
-    assert result.stats.acceptance_rate > 0.9  # its own weights on another runtime
+    assert result.token_ids == expected
+    assert result.stats.drafters.get("onnx:CPU", 0) > 0
+    # Its own weights on another runtime: every draft is accepted but at a near-tie. Measured on a fixed
+    # schedule, since the default one also serves steps from the pipeline's quick n-gram draft when the model's
+    # is not ready in time, and those are often rejected (how many depends on the machine's timing).
+    fixed = GenerationConfig(max_new_tokens=40, pipeline="sequential", adaptive_k=False, num_draft_tokens=4)
+    result = engine.generate(messages, fixed)
+    assert result.token_ids == expected
+    assert set(result.stats.drafters) <= {"onnx:CPU", "none"}, result.stats.drafters
+    assert result.stats.drafted_tokens > 0 and result.stats.acceptance_rate > 0.95, result.stats

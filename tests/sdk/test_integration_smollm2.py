@@ -108,7 +108,6 @@ def smol_cpp():
 def test_greedy_equality_on_smollm2_on_llamacpp(smol_cpp, kind):
     """The catalog's Q4_1 GGUF as it is: every drafter gives llama.cpp's own target-only output (a batched
     quantized kernel may differ from one-token decoding only at a near-tie, checked where it happens)."""
-    from mirrorsd.runtime.backends.base import batch_discrepancy
     from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM
 
     assert smol_cpp.verifier.backend == "llamacpp:cpu"
@@ -124,20 +123,32 @@ def test_greedy_equality_on_smollm2_on_llamacpp(smol_cpp, kind):
                                 "random": lambda: RandomTokenDrafter(smol_cpp.verifier.vocab_size),
                                 "self-draft": lambda: ModelDrafter(LlamaCppLM(smol_cpp.verifier.path))}[kind]()
             spec = smol_cpp.generate(ids, cfg)
-            if spec.token_ids != target_only.token_ids:
-                # llama.cpp's batched kernels round differently from its one-token ones (measured here):
-                # a divergence is allowed only where the two top logits are closer than twice that.
-                tolerance = 2 * batch_discrepancy(smol_cpp.verifier, ids)
-                at = next(i for i, (a, b) in enumerate(zip(spec.token_ids, target_only.token_ids)) if a != b)
-                logits = smol_cpp.verifier.score(ids + target_only.token_ids[:at])[-1]
-                top = torch.topk(logits, 2).values
-                assert float(top[0] - top[1]) < tolerance, \
-                    f"diverged at {at} with a top-2 gap of {top[0] - top[1]}, tolerance {tolerance}"
-            if kind == "self-draft":  # its own file, drafting one token at a time: rejections happen only
-                # where the batched verify pass rounds a near-tie the other way
-                assert spec.stats.drafted_tokens > 0 and spec.stats.acceptance_rate > 0.6
+            assert_equal_but_at_a_near_tie(smol_cpp.verifier, ids, spec.token_ids, target_only.token_ids)
+            if kind == "self-draft":  # its own file: rejections happen only where the batched verify pass rounds
+                # a near-tie the other way. Measured on a fixed schedule: the default one also serves steps from
+                # the pipeline's quick n-gram draft when the model's is late, as often as the machine's timing says.
+                assert spec.stats.drafters.get(smol_cpp.drafter.name, 0) > 0
+                fixed = smol_cpp.generate(ids, GenerationConfig(max_new_tokens=48, pipeline="sequential",
+                                                                adaptive_k=False, num_draft_tokens=4))
+                assert_equal_but_at_a_near_tie(smol_cpp.verifier, ids, fixed.token_ids, target_only.token_ids)
+                assert set(fixed.stats.drafters) <= {smol_cpp.drafter.name, "none"}, fixed.stats.drafters
+                assert fixed.stats.drafted_tokens > 0 and fixed.stats.acceptance_rate > 0.6
     finally:
         smol_cpp.eos_ids, smol_cpp.drafter = saved, None
+
+
+def assert_equal_but_at_a_near_tie(verifier, ids, got, expected):
+    """llama.cpp's batched kernels round differently from its one-token ones (measured here): a divergence
+    from target-only decoding is allowed only where the two top logits are closer than twice that."""
+    from mirrorsd.runtime.backends.base import batch_discrepancy
+
+    if got == expected:
+        return
+    tolerance = 2 * batch_discrepancy(verifier, ids)
+    at = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
+    top = torch.topk(verifier.score(ids + expected[:at])[-1], 2).values
+    assert float(top[0] - top[1]) < tolerance, \
+        f"diverged at {at} with a top-2 gap of {top[0] - top[1]}, tolerance {tolerance}"
 
 
 def test_llamacpp_chat_stops_at_eos_with_readable_text(smol_cpp):
