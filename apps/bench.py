@@ -302,6 +302,7 @@ def _sum_stats(outs: list[Output]):
     return {
         "mean_accepted_length": round(sum(s.generated_tokens for s in stats) / steps, 3),
         "acceptance_rate": round(sum(s.accepted_tokens for s in stats) / drafted, 3),
+        "acceptance_by_drafter": _acceptance_by_drafter(stats),
         "per_position_acceptance": [round(a / d, 3) for a, d in zip(pos_a, pos_d) if d],
         "per_position_drafted": [d for d in pos_d if d],  # the sample behind each position's acceptance
         "propose_us_per_step": round(sum(s.draft_time_s for s in stats) / steps * 1e6),
@@ -313,6 +314,16 @@ def _sum_stats(outs: list[Output]):
         "drafters": _merge_counts(s.drafters for s in stats),
         "fallbacks": sorted({f for s in stats for f in s.fallbacks}),
     }
+
+
+def _acceptance_by_drafter(stats) -> dict[str, float]:
+    """Accepted / drafted tokens per source, over all prompts (a draft model apart from its n-gram helper)."""
+    totals: dict[str, list[int]] = {}
+    for s in stats:
+        for source, (d, a) in s.drafter_tokens.items():
+            t = totals.setdefault(source, [0, 0])
+            t[0], t[1] = t[0] + d, t[1] + a
+    return {source: round(a / d, 3) for source, (d, a) in sorted(totals.items()) if d}
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -349,8 +360,8 @@ def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -
             "model_memory_mb": round(sum(ctx.memory_mb.get(m, 0.0) for m in c.memory), 1)
             if all(m in ctx.memory_mb for m in c.memory) else None,
             "mismatched_prompts": [prompts[i].label for i in all_idx if row_cells[i].equal is False],
-            "mean_accepted_length": None, "acceptance_rate": None, "per_position_acceptance": [],
-            "per_position_drafted": [],
+            "mean_accepted_length": None, "acceptance_rate": None, "acceptance_by_drafter": {},
+            "per_position_acceptance": [], "per_position_drafted": [],
             "propose_us_per_step": None, "draft_hidden_share": None, "branch_hit_rate": None,
             "branch_coverage": None, "branches_ready_share": None,
         }

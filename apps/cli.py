@@ -140,6 +140,8 @@ def generate(
         print(json.dumps(result.to_dict()))
     else:
         alpha = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"
+        if len(s.acceptance_by_drafter) > 1:
+            alpha += " (" + ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance_by_drafter.items()) + ")"
         hidden = "" if s.pipeline == "sequential" else f", {s.pipeline}: {s.hidden_draft_share or 0:.0%} of draft time hidden"
         shares = ", ".join(f"{k} {v:.0%}" for k, v in s.drafter_shares.items())
         served = f" (steps: {shares})" if len(s.drafter_shares) > 1 else ""

@@ -30,6 +30,7 @@ class GenerationStats:
     per_position_drafted: tuple[int, ...] = ()
     per_position_accepted: tuple[int, ...] = ()
     drafters: dict[str, int] = field(default_factory=dict)  # source -> verify steps it served ("none": plain)
+    drafter_tokens: dict[str, tuple[int, int]] = field(default_factory=dict)  # source -> (drafted, accepted) tokens
     chain: tuple[str, ...] = ()  # the members' sources when the engine drafts with a chain (they share its steps)
     fallbacks: tuple[str, ...] = ()  # drafters dropped during the request, with the reason
     pipeline: str = "sequential"  # the mode that ran: sequential, overlap or branches
@@ -55,6 +56,12 @@ class GenerationStats:
     def acceptance_rate(self) -> float | None:
         """Accepted / drafted tokens (alpha as measured); None when nothing was drafted."""
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def acceptance_by_drafter(self) -> dict[str, float]:
+        """Accepted / drafted tokens per source that drafted: a draft model's own rate, apart from that of the
+        n-gram drafter that may serve some steps beside it (the pipeline's quick draft, a fallback)."""
+        return {source: round(a / d, 3) for source, (d, a) in sorted(self.drafter_tokens.items()) if d}
 
     @property
     def mean_accepted_length(self) -> float:
@@ -127,6 +134,7 @@ class GenerationStats:
         d.update(
             tokens_per_second=self.tokens_per_second,
             acceptance_rate=self.acceptance_rate,
+            acceptance_by_drafter=self.acceptance_by_drafter,
             mean_accepted_length=self.mean_accepted_length,
             per_position_acceptance=self.per_position_acceptance,
             drafter=self.drafter,
@@ -162,6 +170,7 @@ class StatsRecorder:
         self.pos_drafted: list[int] = []
         self.pos_accepted: list[int] = []
         self.drafters: Counter[str] = Counter()
+        self.drafter_tokens: dict[str, tuple[int, int]] = {}
         self.fallbacks: list[str] = []
 
     def add(self, step, committed_tokens: int) -> None:
@@ -172,6 +181,9 @@ class StatsRecorder:
         self.draft_time += step.draft_time
         self.verify_time += step.verify_time
         self.drafters[step.source] += 1
+        if step.n_drafted:
+            drafted, accepted = self.drafter_tokens.get(step.source, (0, 0))
+            self.drafter_tokens[step.source] = (drafted + step.n_drafted, accepted + step.n_accepted)
         if step.fallback:
             self.fallbacks.append(step.fallback)
         self.branch_hits += step.branch == "hit"
@@ -217,6 +229,7 @@ class StatsRecorder:
             per_position_drafted=tuple(self.pos_drafted),
             per_position_accepted=tuple(self.pos_accepted),
             drafters=dict(self.drafters),
+            drafter_tokens=dict(self.drafter_tokens),
             chain=self.chain,
             fallbacks=tuple(self.fallbacks),
             pipeline=self.pipeline,

@@ -20,6 +20,7 @@ def test_generate_json_on_a_local_folder_matches_target_only(tiny_folder):
     shares = a["stats"]["drafter_shares"]  # steps per source, plain steps as "none"
     assert set(shares) == set(a["stats"]["drafters"]) and abs(sum(shares.values()) - 1) < 0.01
     assert a["stats"]["drafter"] == max(shares, key=lambda k: (shares[k], k != "none"))
+    assert set(a["stats"]["acceptance_by_drafter"]) == {s for s, (d, _) in a["stats"]["drafter_tokens"].items() if d}
 
 
 def test_bad_arguments_give_a_message_not_a_traceback(tiny_folder):

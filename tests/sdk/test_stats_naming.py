@@ -51,3 +51,18 @@ def test_a_single_drafter_is_not_named_a_chain(target_model, tokenizer):
     s = Engine(target_model, tokenizer, NGramDrafter()).generate(PROMPTS[0], GenerationConfig(max_new_tokens=30)).stats
     assert s.chain == () and s.drafter in ("ngram", "none")
     assert s.drafter == max(s.drafters, key=lambda k: (s.drafters[k], k != "none"))
+
+
+def test_acceptance_by_drafter_splits_the_tokens_among_the_sources(target_model, tokenizer, datastore):
+    """`drafter_tokens` (source -> drafted, accepted) adds up to the request's totals, and
+    `acceptance_by_drafter` is each source's own rate: a draft model's apart from its n-gram helper's."""
+    engine = Engine(target_model, tokenizer, ChainDrafter(NGramDrafter(), RetrievalDrafter(datastore)))
+    engine.eos_ids = frozenset()
+    s = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=60, num_draft_tokens=4, adaptive_k=False)).stats
+    assert s.drafted_tokens > 0 and set(s.drafter_tokens) <= {"ngram", "retrieval"}, s.drafter_tokens
+    assert sum(d for d, _ in s.drafter_tokens.values()) == s.drafted_tokens
+    assert sum(a for _, a in s.drafter_tokens.values()) == s.accepted_tokens
+    assert s.to_dict()["acceptance_by_drafter"] == s.acceptance_by_drafter == {
+        source: round(a / d, 3) for source, (d, a) in sorted(s.drafter_tokens.items())}
+    assert GenerationStats(drafter_tokens={"onnx:CPU": (20, 19), "ngram": (3, 0)}).acceptance_by_drafter == {
+        "ngram": 0.0, "onnx:CPU": 0.95}
