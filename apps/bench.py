@@ -27,6 +27,7 @@ from mirrorsd.apps.bench_configs import (CONFIGS, CPP_TARGET_ONLY, ONNX_TARGET_O
                                          BenchConfig, BenchContext, Output, measure_memory)
 from mirrorsd.apps.prompt_suite import CATEGORIES, BenchPrompt, bundled_suite, load_workload
 from mirrorsd.errors import ConfigError
+from mirrorsd.results import acceptance_by_source, add_drafter_tokens
 from mirrorsd.runtime.decode.threads import CorePins
 
 QUICK = dict(target="smollm2-135m", draft_model=None, per_category=1, max_new_tokens=48, repeats=2)
@@ -318,12 +319,11 @@ def _sum_stats(outs: list[Output]):
 
 def _acceptance_by_drafter(stats) -> dict[str, float]:
     """Accepted / drafted tokens per source, over all prompts (a draft model apart from its n-gram helper)."""
-    totals: dict[str, list[int]] = {}
+    totals: dict[str, tuple[int, int]] = {}
     for s in stats:
         for source, (d, a) in s.drafter_tokens.items():
-            t = totals.setdefault(source, [0, 0])
-            t[0], t[1] = t[0] + d, t[1] + a
-    return {source: round(a / d, 3) for source, (d, a) in sorted(totals.items()) if d}
+            add_drafter_tokens(totals, source, d, a)
+    return acceptance_by_source(totals)
 
 
 def _ratio(a: float, b: float) -> float | None:

@@ -344,11 +344,11 @@ def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner
         # speeds (docs/measurements.md: memory placement), so only the same object compares the loops alone.
         llm = lm.llm
     eos = ctx.cpp_engine.eos_ids
+    # A cold cache, as our rows start (generate() would reuse the prefix of the last request); on the shared
+    # Llama through our backend, so its bookkeeping empties with the context's cache (and again after).
+    reset = llm.reset if prompt_lookup else lm.reset
 
     def run(ids: list[int], cfg: GenerationConfig) -> Output:
-        # A cold cache, as our rows start (generate() would reuse the prefix of the last request); on the shared
-        # Llama through our backend, so its bookkeeping empties with the context's cache (and again after).
-        reset = llm.reset if prompt_lookup else lm.reset
         reset()
         out, start = Output([]), time.perf_counter()
         sampling = dict(temp=cfg.temperature, top_p=cfg.top_p, top_k=0, min_p=0.0) if cfg.temperature > 0 else \

@@ -13,6 +13,17 @@ if TYPE_CHECKING:
 _CHAIN = object()  # the key a chain's members are counted under together (no source can be named so)
 
 
+def add_drafter_tokens(totals: dict[str, tuple[int, int]], source: str, drafted: int, accepted: int) -> None:
+    """Count `drafted` / `accepted` tokens to `source` in a source -> (drafted, accepted) record."""
+    td, ta = totals.get(source, (0, 0))
+    totals[source] = (td + drafted, ta + accepted)
+
+
+def acceptance_by_source(drafter_tokens: dict[str, tuple[int, int]]) -> dict[str, float]:
+    """source -> (drafted, accepted) tokens as source -> accepted / drafted, for the sources that drafted."""
+    return {source: round(a / d, 3) for source, (d, a) in sorted(drafter_tokens.items()) if d}
+
+
 @dataclass(frozen=True)
 class GenerationStats:
     """Speculation statistics of one request (a snapshot; events carry the running one)."""
@@ -61,7 +72,7 @@ class GenerationStats:
     def acceptance_by_drafter(self) -> dict[str, float]:
         """Accepted / drafted tokens per source that drafted: a draft model's own rate, apart from that of the
         n-gram drafter that may serve some steps beside it (the pipeline's quick draft, a fallback)."""
-        return {source: round(a / d, 3) for source, (d, a) in sorted(self.drafter_tokens.items()) if d}
+        return acceptance_by_source(self.drafter_tokens)
 
     @property
     def mean_accepted_length(self) -> float:
@@ -182,8 +193,7 @@ class StatsRecorder:
         self.verify_time += step.verify_time
         self.drafters[step.source] += 1
         if step.n_drafted:
-            drafted, accepted = self.drafter_tokens.get(step.source, (0, 0))
-            self.drafter_tokens[step.source] = (drafted + step.n_drafted, accepted + step.n_accepted)
+            add_drafter_tokens(self.drafter_tokens, step.source, step.n_drafted, step.n_accepted)
         if step.fallback:
             self.fallbacks.append(step.fallback)
         self.branch_hits += step.branch == "hit"
