@@ -39,8 +39,7 @@ class Cell:
 
     seconds: list[float] = field(default_factory=list)  # one per repeat
     first: Output | None = None  # the first repeat's output (tokens, stats, timings)
-    equal: bool | None = None  # greedy prompts: all repeats token-equal to the reference (near-ties allowed)
-    near_ties: list[float] = field(default_factory=list)  # top-2 gaps where a quantized kernel diverged
+    equal: bool | None = None  # greedy prompts: all repeats token-equal to the reference
     cached_prompt_tokens: int = 0  # prompt tokens our runs found in a KV cache (0: every run prefilled cold)
 
 
@@ -117,29 +116,20 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
         runners[c.name](encoded[0][:32], warm)
 
     cells = {c.name: [Cell() for _ in prompts] for c in configs_run}
-    # The verifier that judges a near-tie, per reference row: none for the float32 torch reference (its
-    # greedy output must be equal, full stop); llama.cpp's own for its rows.
-    judges = {}
-    for name, quantized in ((CPP_TARGET_ONLY, lambda: ctx.cpp_engine), (ONNX_TARGET_ONLY, lambda: ctx.onnx_engine)):
-        if name in runners:
-            from mirrorsd.runtime.backends.base import batch_discrepancy
-
-            lm = quantized().verifier
-            judges[name] = (lm, 2 * batch_discrepancy(lm, encoded[0]))
     try:
-        _measure(prompts, encoded, configs_run, runners, cells, opts, console, judges)
+        _measure(prompts, encoded, configs_run, runners, cells, opts, console)
     except KeyboardInterrupt:  # Ctrl-C: keep what was measured, then stop as Ctrl-C does (exit 130 in the CLI)
         done = _finished_prompts(cells, opts.repeats)
         if done == 0:
             console.print("interrupted before the first prompt finished on every configuration: no report written")
             raise
         cells = {name: row[:done] for name, row in cells.items()}
-        _write_report(opts, ctx, prompts[:done], encoded[:done], configs_run, cells, skipped, command, judges,
-                      console, partial_of=len(prompts))
+        _write_report(opts, ctx, prompts[:done], encoded[:done], configs_run, cells, skipped, command, console,
+                      partial_of=len(prompts))
         console.print(f"interrupted: partial report ({done} of {len(prompts)} prompts) written to "
                       f"{Path(opts.out) / 'report.json'} and {Path(opts.out) / 'report.md'}")
         raise
-    return _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command, judges, console)
+    return _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command, console)
 
 
 def _finished_prompts(cells: dict, repeats: int) -> int:
@@ -148,7 +138,7 @@ def _finished_prompts(cells: dict, repeats: int) -> int:
     return next((i for i in range(len(rows[0])) if any(len(row[i].seconds) < repeats for row in rows)), len(rows[0]))
 
 
-def _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command, judges, console,
+def _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command, console,
                   partial_of: int | None = None) -> dict:
     """report.json, report.md and the plots; partial_of: the suite's size when Ctrl-C cut the run short."""
     from rich.console import Console
@@ -157,7 +147,6 @@ def _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, comm
     report["partial"] = partial_of is not None
     if partial_of is not None:
         report["interrupted"] = f"interrupted (Ctrl-C) after {len(prompts)} of {partial_of} prompts"
-    report["settings"]["near_tie_tolerance"] = {name: round(tol, 4) for name, (_, tol) in judges.items()}
     outdir = Path(opts.out)
     outdir.mkdir(parents=True, exist_ok=True)
     from mirrorsd.apps.bench_plots import write_plots
@@ -188,27 +177,13 @@ def _gen_config(p: BenchPrompt, opts: BenchOptions) -> GenerationConfig:
                             num_draft_tokens=opts.k, json_schema=p.json_schema)
 
 
-def _judge(cell: Cell, tokens: list[int], reference: list[int], ids: list[int], config: BenchConfig,
-           judges: dict) -> None:
-    """Greedy outputs against the same backend's target-only decoding: equal; diverged at a near-tie
-    (quantized backends only: the top-2 gap at the divergence, measured, below the backend's tolerance:
-    twice its measured batch discrepancy); or FAILED."""
-    if tokens == reference:
-        cell.equal = cell.equal is not False
-        return
-    lm, tolerance = judges.get(config.reference, (None, 0.0))
-    at = next((j for j, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
-    if lm is not None and at < len(reference):
-        top = lm.score(ids + reference[:at])[-1].topk(2).values
-        gap = float(top[0] - top[1])
-        if gap < tolerance:
-            cell.near_ties.append(round(gap, 5))
-            cell.equal = cell.equal is not False
-            return
-    cell.equal = False
+def _judge(cell: Cell, tokens: list[int], reference: list[int]) -> None:
+    """Greedy outputs against the same backend's target-only decoding: equal, or FAILED (no allowance: a
+    verify pass reproduces one-token logits bit for bit on every exact backend)."""
+    cell.equal = cell.equal is not False and tokens == reference
 
 
-def _measure(prompts, encoded, configs_run, runners, cells, opts, console, judges) -> None:
+def _measure(prompts, encoded, configs_run, runners, cells, opts, console) -> None:
     from rich.console import Group
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -227,7 +202,7 @@ def _measure(prompts, encoded, configs_run, runners, cells, opts, console, judge
                     cell = cells[c.name][i]
                     out = _run_once(cell, runners[c.name], ids, cfg)
                     if p.greedy and not (c.own_grammar and p.json_schema is not None):
-                        _judge(cell, out.tokens, cells[c.reference][i].first.tokens, ids, c, judges)
+                        _judge(cell, out.tokens, cells[c.reference][i].first.tokens)
                     done += 1
                     eta = _eta(time.perf_counter() - start, done, total)
                     progress.update(task, advance=1, description=f"{what} · ETA {eta}")
@@ -355,7 +330,6 @@ def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -
                                   "speedup_vs_target_only": round(_tps(row_cells, idx) / _tps(ref_cells, idx), 3)}
                             for cat, idx in by_cat.items()},
             "greedy_equal_to_target_only": all(equal) if equal else None,
-            "near_tie_gaps": [g for cell in row_cells for g in cell.near_ties],
             "cached_prompt_tokens": sum(cell.cached_prompt_tokens for cell in row_cells),
             "model_memory_mb": round(sum(ctx.memory_mb.get(m, 0.0) for m in c.memory), 1)
             if all(m in ctx.memory_mb for m in c.memory) else None,
@@ -473,10 +447,8 @@ def _fmt(x, digits: int = 2) -> str:
 
 
 def _equal_cell(r: dict) -> str:
-    eq, gaps = r["greedy_equal_to_target_only"], r.get("near_tie_gaps") or []
-    if eq is None or not eq:
-        return "n/a" if eq is None else "FAILED"
-    return f"near-tie ({len(gaps)}, gap <= {max(gaps):.3g})" if gaps else "yes"
+    eq = r["greedy_equal_to_target_only"]
+    return "n/a" if eq is None else "equal" if eq else "FAILED"
 
 
 def _row_cells(r: dict, categories: list[str], terminal: bool = False) -> list[str]:
@@ -534,12 +506,8 @@ def markdown(report: dict) -> str:
               + ", ".join(f"{c} ({sum(p['category'] == c for p in report['prompts'])})" for c in cats)
               + ". Sampled prompts (temperature > 0) are timed, not token-compared; so are json-schema prompts on "
               "llama-cpp-python's rows (llama.cpp's own grammar engine lays JSON out its own way). Greedy equal: "
-              "token-equal to "
-              "the same backend's target-only decoding; near-tie: a quantized kernel diverged where the top-2 "
-              "logit gap (measured at the divergence) is below twice the backend's measured batch discrepancy "
-              "(largest |logit| difference between a position scored in a verify batch and scored alone: "
-              + (", ".join(f"{k}: tolerance {v}" for k, v in report["settings"].get("near_tie_tolerance", {}).items())
-                 or "none here") + "); model MB: resident memory the row's models added when loaded.", "",
+              "token-equal to the same backend's target-only decoding (equal or FAILED: no allowance); "
+              "model MB: resident memory the row's models added when loaded.", "",
               "| " + " | ".join(_headers(cats)) + " |", "|" + "---|" * len(_headers(cats))]
     lines += ["| " + " | ".join(_row_cells(r, cats)) + " |" for r in report["rows"]]
     failed = [r for r in report["rows"] if r["greedy_equal_to_target_only"] is False]

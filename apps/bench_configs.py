@@ -320,8 +320,8 @@ register(BenchConfig("assisted generation (transformers)",
                      else None, peer_of="draft model, sequential (ours)", needs=_DRAFT))
 
 
-# -- llama.cpp (issue #13): the target's GGUF file as it is; greedy outputs are compared with llama.cpp's
-# own target-only decoding, a batched quantized kernel being allowed to differ only at a near-tie.
+# -- llama.cpp: the target's GGUF file as it is; greedy outputs are compared with llama.cpp's own target-only
+# decoding, token for token (the backend's batch-invariant kernels make verify passes exact).
 
 def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner | None:
     """llama-cpp-python's own generation on the same GGUF file (its prompt-lookup drafting with
@@ -332,6 +332,7 @@ def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     from mirrorsd.runtime.backends.cpu_kernels import physical_cores
+    from mirrorsd.runtime.backends.ggml_kernels import stock_kernels
 
     lm = ctx.cpp_engine.verifier
     if prompt_lookup:  # a draft model makes llama-cpp-python keep logits for every position: its own context
@@ -349,6 +350,10 @@ def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner
     reset = llm.reset if prompt_lookup else lm.reset
 
     def run(ids: list[int], cfg: GenerationConfig) -> Output:
+        with stock_kernels():  # llama.cpp's own batched kernels, as llama-cpp-python runs them
+            return generate(ids, cfg)
+
+    def generate(ids: list[int], cfg: GenerationConfig) -> Output:
         reset()
         out, start = Output([]), time.perf_counter()
         sampling = dict(temp=cfg.temperature, top_p=cfg.top_p, top_k=0, min_p=0.0) if cfg.temperature > 0 else \

@@ -159,6 +159,10 @@ class CausalLM(Protocol):
     max_context: int
     early_exit: EarlyExit | None
     threads: ThreadControl | None
+    exact_batches: bool
+    """Whether a pass over n positions gives each the very logits (bit for bit) of scoring it alone:
+    speculation is then exactly lossless. A backend that is not says so, and `draft="auto"` does not
+    speculate on it unless asked (runtime/backends/invariance.py measures it)."""
 
     def score(self, committed: Sequence[int], draft: Sequence[int] = ()) -> torch.Tensor:
         """Logits [k+1, V] (float32, on the host or the model's device): row i follows committed + draft[:i]."""

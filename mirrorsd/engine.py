@@ -19,6 +19,7 @@ from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder
 from mirrorsd.runtime.backends import eos_ids as eos_ids_of
 from mirrorsd.runtime.backends import load_lm
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
+from mirrorsd.runtime.decode import verify_curve
 from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs, calibrate
 from mirrorsd.runtime.decode.pipeline import branch_source, pipelined_decode
 from mirrorsd.runtime.decode.sequential import speculative_decode
@@ -116,7 +117,8 @@ class Engine:
     def load(cls, target: str = "smollm2-135m", draft: str | Drafter | None = "auto", device: str | None = "auto",
              dtype: str | torch.dtype | None = "auto", draft_device: str | None = None,
              draft_dtype: str | torch.dtype | None = None, progress: bool = False,
-             verifier_device: str | None = None, backend: str = "auto", draft_backend: str | None = None) -> "Engine":
+             verifier_device: str | None = None, backend: str = "auto", draft_backend: str | None = None,
+             allow_inexact: bool = False) -> "Engine":
         """Load a target and pick a drafter.
 
         draft: see mirrorsd.runtime.drafters.make_drafter: "auto" (best available; on a machine without
@@ -128,9 +130,16 @@ class Engine:
         i.e. every catalog model and .gguf files, where llama-cpp-python is installed; else torch),
         "llamacpp" (the GGUF as it is, on llama.cpp's kernels), "torch" (float32 reference).
         draft_backend defaults to backend.
+        allow_inexact: draft "auto" speculates on a target whose verify passes are not batch-invariant
+        (`exact_batches` False: greedy output may then part from target-only decoding where two logits
+        nearly tie); without it such a target decodes alone, and says so.
         """
         device = verifier_device or device
         loaded = load_lm(target, backend, device=device, dtype=dtype, progress=progress)
+        if draft == "auto" and not loaded.lm.exact_batches and not allow_inexact:
+            log.warning("%s on %s: verify passes are not batch-invariant, so draft 'auto' does not speculate "
+                        "(allow_inexact / --allow-inexact to speculate anyway)", target, loaded.lm.backend)
+            draft = None
         drafter = make_drafter(draft, loaded.tokenizer, target, device=draft_device or device,
                                dtype=draft_dtype or dtype, backend=draft_backend or backend, progress=progress,
                                export_device=draft_device,
@@ -286,11 +295,14 @@ class Engine:
             start = time.perf_counter()
             budget = min(cfg.max_new_tokens, self.verifier.max_context - len(ids))
             mode = self.pipeline_mode(cfg)
+            if self.drafter is not None and cfg.adaptive_k and (cfg.greedy or cfg.seed is None):
+                verify_curve.ensure(self.verifier, cfg.max_draft_tokens)  # once per verifier: the K schedule's costs
             timeline = Timeline()
             chain = tuple(d.name for d in self.drafter.drafters) if isinstance(self.drafter, ChainDrafter) else ()
             # prompt caching: the prefix this request shares with the cache (at least one token is always fed)
             cached = min(self.verifier.cached_prefix(ids), len(ids) - 1)
-            recorder = StatsRecorder(len(ids), timeline, mode, self.verifier.backend, chain, cached)
+            recorder = StatsRecorder(len(ids), timeline, mode, self.verifier.backend, chain, cached,
+                                     exact=self.drafter is None or self.verifier.exact_batches)
             text = _TextAssembler(self.tokenizer, cfg.stop)
             tokens: list[int] = []
             from_draft: list[bool] = []

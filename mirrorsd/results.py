@@ -46,6 +46,8 @@ class GenerationStats:
     fallbacks: tuple[str, ...] = ()  # drafters dropped during the request, with the reason
     pipeline: str = "sequential"  # the mode that ran: sequential, overlap or branches
     backend: str = ""  # the target's model backend and device: "torch:cpu", "llamacpp:cpu", "llamacpp:gpu", ...
+    exact: bool = True  # the target's verify passes are batch-invariant (CausalLM.exact_batches): drafts
+    # change no token; False: speculation ran on an inexact backend (allow_inexact or an explicit drafter)
     branch_hits: int = 0  # steps that left the lookahead and landed on a prepared early-exit branch
     branch_misses: int = 0  # steps that left the lookahead with branches prepared, none of them right
     branch_source: str = ""  # where "branches" took its candidates: "early_exit" or "draft" ("" if nowhere)
@@ -164,13 +166,14 @@ class StatsRecorder:
     """Accumulates Steps (and the request's timeline of draft/verify work) into GenerationStats."""
 
     def __init__(self, prompt_tokens: int, timeline=None, pipeline: str = "sequential", backend: str = "",
-                 chain: tuple[str, ...] = (), cached_prompt_tokens: int = 0) -> None:
+                 chain: tuple[str, ...] = (), cached_prompt_tokens: int = 0, exact: bool = True) -> None:
         self.prompt_tokens = prompt_tokens
         self.cached_prompt_tokens = cached_prompt_tokens
         self.chain = chain
         self.timeline = timeline
         self.pipeline = pipeline
         self.backend = backend
+        self.exact = exact
         self.branch_hits = self.branch_misses = 0
         self.branch_source = ""
         self.hinted = self.hinted_rejections = self.hinted_covered = 0
@@ -244,6 +247,7 @@ class StatsRecorder:
             fallbacks=tuple(self.fallbacks),
             pipeline=self.pipeline,
             backend=self.backend,
+            exact=self.exact,
             branch_hits=self.branch_hits,
             branch_misses=self.branch_misses,
             branch_source=self.branch_source,

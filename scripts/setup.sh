@@ -19,16 +19,27 @@ if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
     NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     export CFLAGS="${CFLAGS-$NO_AMX}" CXXFLAGS="${CXXFLAGS-$NO_AMX}"
 fi
-# pip's wheel cache is keyed by the source alone, so a llama.cpp built for another CPU (a shared home, a
-# copied cache) or with other flags would be reused as is: the llama-cpp-python wheel gets a cache of its
-# own per CPU and build flags, and is reinstalled when they change.
+# llama.cpp is built from llama-cpp-python's source with one patch to ggml's CPU backend
+# (scripts/patches/ggml-cpu-batch-invariant.patch): a batch-invariant mode, so a verify pass gives each
+# position exactly the logits of one-token decoding (docs/exactness.md). The wheel is cached per CPU,
+# build flags and patch (pip's own cache is keyed by the source alone, and would reuse a build from
+# another CPU or without the patch), and reinstalled when they change.
 LLAMA=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml | head -n 1)
-KEY=$(printf '%s|' "$LLAMA" "$CMAKE_ARGS" "${CFLAGS-}" "${CXXFLAGS-}" "$(uname -sm)" \
+PATCH=$PWD/scripts/patches/ggml-cpu-batch-invariant.patch
+KEY=$(printf '%s|' "$LLAMA" "$CMAKE_ARGS" "${CFLAGS-}" "${CXXFLAGS-}" "$(uname -sm)" "$(cksum < "$PATCH")" \
     "$(grep -m 1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null || sysctl -n machdep.cpu.brand_string 2>/dev/null)" \
     | cksum | cut -d ' ' -f 1)
 if [ "$(cat .venv/.llama-cpp-build 2>/dev/null)" != "$KEY" ]; then
-    PIP_CACHE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/mirrorsd/llama-cpp-wheels/$KEY" \
-        .venv/bin/python -m pip install -q --force-reinstall --no-deps "$LLAMA"
+    WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/mirrorsd/llama-cpp-wheels/$KEY"
+    if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+        SRC=$(mktemp -d)
+        .venv/bin/python -m pip download -q --no-deps --no-binary :all: "$LLAMA" -d "$SRC"
+        tar xzf "$SRC"/llama_cpp_python-*.tar.gz -C "$SRC"
+        (cd "$SRC"/llama_cpp_python-*/ && git apply -p1 --directory=vendor/llama.cpp "$PATCH")
+        .venv/bin/python -m pip wheel -q --no-deps -w "$WHEELS" "$SRC"/llama_cpp_python-*/
+        rm -rf "$SRC"
+    fi
+    .venv/bin/python -m pip install -q --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
     echo "$KEY" > .venv/.llama-cpp-build
 fi
 .venv/bin/python -m pip install -q "torch==2.13.0" -e ".[test]"

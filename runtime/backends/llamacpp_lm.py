@@ -6,10 +6,18 @@ Cache reconciliation is PrefixCachedLM's: a step feeds only the tokens the KV ca
 batch, asking llama.cpp for logits at the last k+1 positions only; rollback removes the KV cells past
 the committed length (`llama_memory_seq_rm`). No early exit (llama.cpp runs the graph whole) and no
 per-layer thread control: the pipeline runs "branches" as "overlap" and shares no cores.
+
+Exactness: a verify pass must give each position the logits one-token decoding gives. Stock ggml-cpu
+does not (its batched kernels -- repacked GEMM, the tiled K-quant matmul, tinyBLAS, tiled and split-KV
+flash attention -- accumulate in other orders), so scripts/setup.sh builds llama.cpp with
+scripts/patches/ggml-cpu-batch-invariant.patch, which adds a batch-invariant mode
+(`ggml_cpu_set_batch_invariant`), and this backend turns it on for its passes, with flash attention
+(the per-row attention kernel). On a build without the patch, or on a GPU, `exact_batches` is False.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +26,7 @@ import torch
 from mirrorsd.errors import ConfigError, ModelNotFoundError
 from mirrorsd.runtime.backends.base import PrefixCachedLM
 from mirrorsd.runtime.backends.cpu_kernels import physical_cores
+from mirrorsd.runtime.backends.ggml_kernels import batch_invariant_switch
 
 DEFAULT_CONTEXT = 4096  # KV cells to allocate (the model's training context if smaller)
 EXTRA = "llamacpp"
@@ -34,6 +43,26 @@ def import_llama_cpp():
     return llama_cpp
 
 
+@contextlib.contextmanager
+def model_params(**fields):
+    """llama_model_params fields that llama-cpp-python's Llama() does not take, for the loads inside."""
+    import llama_cpp.llama_cpp as api
+
+    default = api.llama_model_default_params
+
+    def params():
+        p = default()
+        for name, value in fields.items():
+            setattr(p, name, value)
+        return p
+
+    api.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        api.llama_model_default_params = default
+
+
 class LlamaCppLM(PrefixCachedLM):
     """CausalLM over a llama.cpp context for one GGUF file."""
 
@@ -41,9 +70,13 @@ class LlamaCppLM(PrefixCachedLM):
     threads = None
 
     def __init__(self, gguf: str | Path, n_ctx: int = DEFAULT_CONTEXT, threads: int | None = None,
-                 gpu_layers: int | None = None) -> None:
+                 gpu_layers: int | None = None, exact: bool = True, flash_attn: bool | None = None,
+                 repack: bool = True) -> None:
         """threads: CPU threads (default: the physical cores); gpu_layers: layers offloaded to the GPU
-        (default: all where the build supports a GPU, else none)."""
+        (default: all where the build supports a GPU, else none); exact: ggml's batch-invariant kernels
+        (False: llama.cpp's stock kernels, for comparisons); flash_attn: llama.cpp's flash attention
+        (default: as exact; exactness needs it); repack: the CPU backend's repacked weight layouts
+        (llama_model_params.use_extra_bufts)."""
         super().__init__()
         llama_cpp = import_llama_cpp()
         gguf = Path(gguf)
@@ -52,10 +85,13 @@ class LlamaCppLM(PrefixCachedLM):
         offload = bool(llama_cpp.llama_supports_gpu_offload())
         gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
         threads = threads or physical_cores()
+        self._switch = batch_invariant_switch()
+        self.exact, flash_attn = exact, exact if flash_attn is None else flash_attn
         try:
-            self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                                       n_threads_batch=threads, n_gpu_layers=gpu_layers, logits_all=False,
-                                       verbose=False)
+            with model_params(use_extra_bufts=repack):
+                self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=512, n_threads=threads,
+                                           n_threads_batch=threads, n_gpu_layers=gpu_layers, logits_all=False,
+                                           flash_attn=flash_attn, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise ModelNotFoundError(
                 f"llama.cpp could not load {gguf.name}: {exc}",
@@ -67,6 +103,8 @@ class LlamaCppLM(PrefixCachedLM):
         self.computes_on = "gpu" if offload and gpu_layers != 0 else "cpu"
         self.backend = f"llamacpp:{self.computes_on}"
         self.n_threads = threads
+        # The patch makes the CPU kernels batch-invariant; a GPU backend's are not made so here.
+        self.exact_batches = self._switch is not None and exact and flash_attn and self.computes_on == "cpu"
 
     def eog_ids(self, candidates) -> frozenset[int]:
         """Which of these token ids end generation for llama.cpp (EOS, EOT, <|im_end|>, ...)."""
@@ -81,6 +119,8 @@ class LlamaCppLM(PrefixCachedLM):
     def _feed(self, new: list[int], rows: int) -> torch.Tensor:
         """Decode `new` in batches of n_batch; logits [rows, V] for the last rows positions only."""
         llm, ctx, batch = self.llm, self.llm._ctx, self.llm._batch
+        if self._switch is not None:
+            self._switch(self.exact)  # per pass: the mode is process-wide (another Llama may run stock kernels)
         first_wanted = len(new) - rows
         out: list[np.ndarray] = []
         n_past = len(self._cached)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.runtime.decode.estimates import AcceptanceEstimate, Ema
-from mirrorsd.runtime.decode.speedup import speedup
+from mirrorsd.runtime.decode.speedup import VerifyCost, speedup
 
 
 class DraftLengthSchedule:
@@ -41,9 +41,10 @@ class CostAwareSchedule:
     speedup (runtime/speedup.py), given the running acceptance estimate alpha and the measured cost
     ratio c.
 
-    alpha comes from an AcceptanceEstimate. Costs are
-    moving averages of the measured draft time per token and of the verify time, fitted as
-    t_verify(k) = a + b*k so that a CPU target, whose verify pass grows with k, is not over-fed.
+    alpha comes from an AcceptanceEstimate. Costs are moving averages of the measured draft time per
+    token and of the verify time per K (`VerifyCosts`): the verifier's own curve, whatever its shape (on
+    llama.cpp's CPU kernels a pass over 4 positions can cost less than one over 3), starting from the
+    curve measured for this verifier (`curve`, runtime/decode/verify_curve.py) where there is one.
     Until costs are measured it behaves like DraftLengthSchedule's starting K.
 
     Overlapped, K is also kept where drafting fits inside the verify pass (K c <= verify cost): past
@@ -52,7 +53,8 @@ class CostAwareSchedule:
     many tokens a step after a miss waits for before its pass starts (speedup.py).
     """
 
-    def __init__(self, config: GenerationConfig, overlapped: bool = False, decay: float = 0.9) -> None:
+    def __init__(self, config: GenerationConfig, overlapped: bool = False, decay: float = 0.9,
+                 curve: tuple[float, ...] | None = None) -> None:
         self.max_k = config.max_draft_tokens
         self.k = min(config.num_draft_tokens, self.max_k)
         # Before costs are measured a step after a miss waits for one token, not K: the verifier idles least.
@@ -64,21 +66,21 @@ class CostAwareSchedule:
         self.decay = decay
         self.acceptance = AcceptanceEstimate(decay)
         self.draft_per_token = Ema(decay)
-        self._fit = _LinearFit(decay)
+        self.verify = VerifyCosts(decay, curve)
         self._pays: bool | None = None
 
-    def costs(self) -> tuple[float, float] | None:
-        """(c, growth) relative to a plain pass, or None before anything is measured."""
-        if self._fit.w == 0 or self.draft_per_token.value is None:
+    def costs(self) -> tuple[float, VerifyCost] | None:
+        """(c, verify cost per K), both in plain steps, or None before anything is measured."""
+        plain = self.verify.plain_seconds()
+        if plain is None or self.draft_per_token.value is None:
             return None
-        a, b = self._fit.line()
-        return self.draft_per_token.value / a, b / a
+        return self.draft_per_token.value / plain, self.verify.ratio
 
     def observe(self, n_drafted: int, draft_seconds: float, verify_seconds: float) -> None:
         """Timings of one step: the drafting that produced its n_drafted tokens, and its verify pass."""
         if n_drafted > 0 and draft_seconds > 0:
             self.draft_per_token.update(draft_seconds / n_drafted)
-        self._fit.add(n_drafted, verify_seconds)
+        self.verify.add(n_drafted, verify_seconds)
 
     def pays(self) -> bool | None:
         """Whether some K is predicted to beat a plain step at the acceptance and costs of the last update
@@ -91,17 +93,58 @@ class CostAwareSchedule:
         self.acceptance.update(n_drafted, n_accepted)
         costs = self.costs()
         if costs is not None:
-            c, growth = costs
+            c, v = costs
             alpha = self.acceptance.alpha
             ks = range(1, self.max_k + 1)
             choices = [(k, f) for k in ks for f in range(1, k + 1)] if self.overlapped else [(k, None) for k in ks]
-            score = {kf: speedup(alpha, kf[0], c, self.overlapped, growth=growth, fresh_k=kf[1]) for kf in choices}
+            score = {kf: speedup(alpha, kf[0], c, self.overlapped, fresh_k=kf[1], verify_cost=v) for kf in choices}
             self._pays = max(score.values()) >= 1.0
             if self.overlapped:  # drafting must fit inside the verify pass it hides behind
-                choices = [(k, f) for k, f in choices if k * c <= 1.0 + growth * k] or [(1, 1)]
+                choices = [(k, f) for k, f in choices if k * c <= v(k)] or [(1, 1)]
             k, f = max(choices, key=score.__getitem__)
             self.k, self.fresh_k = k, f or k
         return self.k
+
+
+class VerifyCosts:
+    """Verify-pass seconds per K (draft tokens) as moving averages, and the pass cost per K in plain steps.
+
+    A K measured in this request costs its own average; another K costs the prior curve's ratio (the
+    verifier's curve measured once, runtime/decode/verify_curve.py) or, without one, a least-squares line
+    through the measured passes. The plain step is the K = 0 average, else inferred from the prior or
+    the line."""
+
+    def __init__(self, decay: float, prior: tuple[float, ...] | None = None) -> None:
+        self.decay, self.prior = decay, prior
+        self.seconds: dict[int, Ema] = {}
+        self._fit = _LinearFit(decay)
+
+    def add(self, k: int, seconds: float) -> None:
+        self.seconds.setdefault(k, Ema(self.decay)).update(seconds)
+        self._fit.add(k, seconds)
+
+    def _prior(self, k: int) -> float | None:
+        return self.prior[k] if self.prior is not None and k < len(self.prior) else None
+
+    def plain_seconds(self) -> float | None:
+        if not self.seconds:
+            return None
+        if 0 in self.seconds:
+            return self.seconds[0].value
+        scaled = [ema.value / self._prior(k) for k, ema in self.seconds.items() if self._prior(k)]
+        return sum(scaled) / len(scaled) if scaled else self._fit.line()[0]
+
+    def ratio(self, k: int) -> float:
+        """The pass over k drafted tokens in plain steps (1 at k = 0)."""
+        if k == 0:
+            return 1.0
+        plain = self.plain_seconds()
+        if k in self.seconds:
+            return self.seconds[k].value / plain
+        if self._prior(k) is not None:
+            return self._prior(k)
+        a, b = self._fit.line()
+        return (a + b * k) / plain
 
 
 class _LinearFit:
@@ -124,9 +167,11 @@ class _LinearFit:
         return max(mean_t - b * mean_k, 1e-9), b
 
 
-def make_schedule(config: GenerationConfig, overlapped: bool = False) -> DraftLengthSchedule | CostAwareSchedule:
-    """The cost-aware schedule, except where K must not depend on timing: fixed K (adaptive_k off) and
-    seeded sampling, whose random stream must be reproducible, use the deterministic heuristic."""
+def make_schedule(config: GenerationConfig, overlapped: bool = False,
+                  curve: tuple[float, ...] | None = None) -> DraftLengthSchedule | CostAwareSchedule:
+    """The cost-aware schedule (from the verifier's measured `curve` where known), except where K must not
+    depend on timing: fixed K (adaptive_k off) and seeded sampling, whose random stream must be
+    reproducible, use the deterministic heuristic."""
     if not config.adaptive_k or (config.seed is not None and not config.greedy):
         return DraftLengthSchedule(config)
-    return CostAwareSchedule(config, overlapped)
+    return CostAwareSchedule(config, overlapped, curve=curve)

@@ -28,12 +28,16 @@ Model-free drafters (n-gram, retrieval) often have nothing to propose; with `cov
 steps that carry a draft, the other steps are plain decode steps (1 token for 1 unit), and the speedup
 is the ratio of the mixture's tokens to its cost (coverage=1, the default, is Leviathan's formula).
 
-`growth` models a verify pass that grows with K (on a CPU it does: docs/measurements.md): verify
-costs 1 + growth*K units. With growth = 0 these are upper bounds to check against a measured run; the
-K schedule (runtime/decode/schedule.py) fits growth from measured verify times.
+`growth` models a verify pass that grows with K (on a CPU it does): verify costs 1 + growth*K units.
+`verify_cost`, where given, is the measured curve instead: the pass over K drafted tokens costs
+verify_cost(K) units (not assumed monotone: a kernel that starts at 4 rows can make K+1 = 4 cost no more
+than K+1 = 2). With growth = 0 these are upper bounds to check against a measured run; the K schedule
+(runtime/decode/schedule.py) follows the verifier's measured curve.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 __all__ = ["best_k", "expected_tokens_per_step", "speedup", "step_cost"]
 
@@ -55,31 +59,42 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def step_cost(alpha: float, k: int, c: float, overlapped: bool = False, growth: float = 0.0) -> float:
+VerifyCost = Callable[[int], float]
+"""The verify pass over K drafted tokens, in plain target steps (1 at K = 0)."""
+
+
+def linear(growth: float) -> VerifyCost:
+    return lambda k: 1.0 + growth * k
+
+
+def step_cost(alpha: float, k: int, c: float, overlapped: bool = False, growth: float = 0.0,
+              verify_cost: VerifyCost | None = None) -> float:
     """Wall time of one drafted step in target-step units (see the module docstring; fresh steps of K)."""
+    v = verify_cost or linear(growth)
     if not overlapped:
-        return 1.0 + growth * k + k * c
-    return _overlapped_mix(alpha, k, c, growth, k)[1]  # with fresh_k = k: hit * max(...) + miss * (...)
+        return v(k) + k * c
+    return _overlapped_mix(alpha, k, c, v, k)[1]  # with fresh_k = k: hit * max(...) + miss * (...)
 
 
-def _overlapped_mix(alpha: float, k: int, c: float, growth: float, fresh_k: int) -> tuple[float, float]:
+def _overlapped_mix(alpha: float, k: int, c: float, v: VerifyCost, fresh_k: int) -> tuple[float, float]:
     """(tokens, cost) of the mean overlapped step when a step after a miss verifies fresh_k tokens."""
     steady_hit, fresh_hit = alpha ** (k + 1), alpha ** (fresh_k + 1)
     # stationary share of fresh steps: steady -> fresh with 1 - steady_hit, fresh -> steady with fresh_hit
     fresh = (1.0 - steady_hit) / (1.0 - steady_hit + fresh_hit) if steady_hit < 1.0 else 0.0
     tokens = (1 - fresh) * expected_tokens_per_step(alpha, k) + fresh * expected_tokens_per_step(alpha, fresh_k)
-    cost = (1 - fresh) * max(1.0 + growth * k, k * c) + fresh * (1.0 + growth * fresh_k + fresh_k * c)
+    cost = (1 - fresh) * max(v(k), k * c) + fresh * (v(fresh_k) + fresh_k * c)
     return tokens, cost
 
 
 def speedup(alpha: float, k: int, c: float, overlapped: bool = False, coverage: float = 1.0,
-            growth: float = 0.0, fresh_k: int | None = None) -> float:
+            growth: float = 0.0, fresh_k: int | None = None, verify_cost: VerifyCost | None = None) -> float:
     """Expected wall-time speedup over target-only decoding (Leviathan's formula).
 
     overlapped=False: drafting then verifying, a step costs k*c + 1 target steps.
     overlapped=True: drafting runs alongside verification (see step_cost).
     coverage: share of steps with a draft (the rest are plain decode steps); 1 = Leviathan's formula.
     growth: extra verify cost per draft token, in target-step units.
+    verify_cost: the measured pass cost per K in target steps (replaces 1 + growth*K).
     fresh_k: overlapped only, the draft length of a step after a miss (None: k; see the module docstring).
     """
     _check(alpha, k, c)
@@ -87,10 +102,11 @@ def speedup(alpha: float, k: int, c: float, overlapped: bool = False, coverage: 
         raise ValueError(f"coverage must be in [0, 1], got {coverage}")
     if fresh_k is not None and not (overlapped and 1 <= fresh_k <= max(k, 1) and int(fresh_k) == fresh_k):
         raise ValueError(f"fresh_k must be in [1, k] and overlapped, got {fresh_k} for k={k}")
+    v = verify_cost or linear(growth)
     if overlapped:
-        drafted, drafted_cost = _overlapped_mix(alpha, k, c, growth, k if fresh_k is None else fresh_k)
+        drafted, drafted_cost = _overlapped_mix(alpha, k, c, v, k if fresh_k is None else fresh_k)
     else:
-        drafted, drafted_cost = expected_tokens_per_step(alpha, k), step_cost(alpha, k, c, False, growth)
+        drafted, drafted_cost = expected_tokens_per_step(alpha, k), v(k) + k * c
     return (coverage * drafted + (1.0 - coverage)) / (coverage * drafted_cost + (1.0 - coverage))
 
 

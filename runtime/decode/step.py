@@ -21,6 +21,7 @@ from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import (CausalLM, Draft, Drafter, ExitRequest, HintOutcome, Step, ThreadControl,
                                 TokenLogprob)
 from mirrorsd.runtime.decode.gate import SpeculationGate
+from mirrorsd.runtime.decode import verify_curve
 from mirrorsd.runtime.decode.schedule import make_schedule
 from mirrorsd.runtime.decode.threads import draft_control, leave_signals_to_the_main_thread, pinned
 from mirrorsd.runtime.timeline import DRAFT, VERIFY, Timeline
@@ -54,7 +55,7 @@ class StepCore:
         self.committed = list(prompt_ids)
         self.prompt_len = len(self.committed)
         self.max_new_tokens, self.generated = max_new_tokens, 0
-        self.schedule = make_schedule(config, overlapped)
+        self.schedule = make_schedule(config, overlapped, curve=verify_curve.known(verifier))
         # Timing-based switching would change which random numbers a seeded sampling run draws.
         self.gate = SpeculationGate(enabled=config.greedy or config.seed is None)
 

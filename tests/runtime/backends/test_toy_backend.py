@@ -21,6 +21,7 @@ class ToyLM(PrefixCachedLM):
     computes_on = "cpu"
     early_exit = None  # declared: no Mirror-SD early exit (the pipeline runs "branches" as "overlap")
     threads = None  # declared: no thread control (no core sharing)
+    exact_batches = True  # declared: one token at a time inside every pass, so batches change nothing
 
     def __init__(self, vocab_size: int, seed: int, dim: int = 16, max_context: int = 512) -> None:
         super().__init__()

@@ -1,0 +1,63 @@
+"""The batch-invariant mode of ggml's CPU kernels, where the llama.cpp build has it.
+
+scripts/setup.sh builds llama-cpp-python with scripts/patches/ggml-cpu-batch-invariant.patch, which adds
+`ggml_cpu_set_batch_invariant(bool)` to libggml-cpu: with it on, every row of a batch is computed by the
+kernels one-token decoding uses, so a verify pass reproduces one-token logits bit for bit. A stock build
+lacks the symbol, and its batched kernels are not invariant (docs/exactness.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """libllama as llama-cpp-python loaded it: symbols looked up through it resolve in the libggml-cpu it
+    depends on. (Opening lib/libggml-cpu.so directly may load a second copy: the wheel ships the
+    library under three names as three files, and libggml depends on libggml-cpu.so.0.)"""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    for name in ("libllama.so", "libllama.dylib", "llama.dll"):
+        if (lib_dir / name).is_file():
+            cdll = ctypes.CDLL(str(lib_dir / name))  # the loaded object again (same file)
+            break
+    else:
+        return None
+    if not hasattr(cdll, "ggml_cpu_set_batch_invariant"):
+        return None
+    cdll.ggml_cpu_set_batch_invariant.argtypes = [ctypes.c_bool]
+    cdll.ggml_cpu_get_batch_invariant.restype = ctypes.c_bool
+    return cdll
+
+
+def batch_invariant_switch() -> Callable[[bool], None] | None:
+    """The setter of the process-wide batch-invariant mode; None where this llama.cpp build lacks it."""
+    lib = _library()
+    return None if lib is None else lib.ggml_cpu_set_batch_invariant
+
+
+def batch_invariant() -> bool | None:
+    """Whether the mode is on now; None without the patched build."""
+    lib = _library()
+    return None if lib is None else bool(lib.ggml_cpu_get_batch_invariant())
+
+
+@contextlib.contextmanager
+def stock_kernels() -> Iterator[None]:
+    """llama.cpp's own batched kernels inside the block (a peer's runs in bench), the mode as it was after."""
+    switch, before = batch_invariant_switch(), batch_invariant()
+    if switch is not None:
+        switch(False)
+    try:
+        yield
+    finally:
+        if switch is not None:
+            switch(bool(before))

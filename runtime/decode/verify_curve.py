@@ -1,0 +1,59 @@
+"""The verifier's verify-cost curve: what a pass over K drafted tokens costs, in plain decode steps.
+
+The K schedule needs it before a request has tried each K: on llama.cpp's CPU kernels the curve is
+neither linear nor monotone (a pass over 4 positions can cost less than one over 3, and a pass computes
+the output head at every row), so it is measured, once per verifier object and process, on a short
+context (well under a second on a small model, a few seconds on a 1.5B one), and kept here.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+
+from mirrorsd.contracts import CausalLM
+
+CONTEXT_TOKENS = 32
+REPEATS = 2
+
+_curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def measure(lm: CausalLM, max_k: int, repeats: int = REPEATS) -> tuple[float, ...]:
+    """Pass cost for K = 0..max_k drafted tokens in plain steps (index K; 1.0 at K = 0). Resets the cache."""
+    token = min(100, lm.vocab_size - 1)
+    context = [token] * CONTEXT_TOKENS
+    try:
+        lm.score(context, [token] * max_k)  # prefill and warm up every shape's code path once
+        seconds = []
+        for k in range(max_k + 1):
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                lm.score(context, [token] * k)  # the cache keeps the context: the pass feeds k + 1 positions
+                times.append(time.perf_counter() - start)
+            seconds.append(statistics.median(times))
+    finally:
+        lm.reset()
+    return tuple(round(s / seconds[0], 3) for s in seconds)
+
+
+def ensure(lm: CausalLM, max_k: int) -> tuple[float, ...]:
+    """The curve of this verifier up to max_k, measured on first use (between requests: it resets the cache)."""
+    curve = known(lm)
+    if curve is None or len(curve) <= max_k:
+        curve = measure(lm, max_k)
+        try:
+            _curves[lm] = curve
+        except TypeError:  # not weak-referenceable: measured for this request only
+            pass
+    return curve
+
+
+def known(lm: CausalLM) -> tuple[float, ...] | None:
+    """The curve measured for this verifier, if any (never measures)."""
+    try:
+        return _curves.get(lm)
+    except TypeError:  # not weak-referenceable: no curve kept
+        return None

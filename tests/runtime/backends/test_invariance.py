@@ -1,0 +1,82 @@
+"""Batch invariance, measured (runtime/backends/invariance.py): on llama.cpp with the batch-invariant kernels,
+every row of a verify pass of 1..17 positions equals one-token decoding bit for bit, for each weight type
+whose stock kernels differ (K-quants through the tiled matmul, Q4_0 / Q4_K repacked into GEMM layouts,
+Q8_0 through tinyBLAS, F32), at cache offsets past ggml's 256-cell padding and after chunked prefills;
+with llama.cpp's stock kernels the same check fails, so the check can tell."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gguf_files import write_llama_gguf
+from mirrorsd.runtime.backends.invariance import check_batch_invariance
+
+pytest.importorskip("llama_cpp", reason="the llama.cpp backend is in the test extra: bash scripts/setup.sh installs it")
+from mirrorsd.runtime.backends.ggml_kernels import batch_invariant_switch  # noqa: E402
+from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM  # noqa: E402
+
+QUANTS = {"Q4_K_M": 15, "Q6_K": 18, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}  # llama_ftype values
+TOKENS = [(i * 7919 + 13) % 1000 for i in range(300)]  # past 256: KV views of 512 cells
+
+
+def tiny_llama():
+    """A random Llama with widths K-quants' 256-wide blocks divide and repacking's 8-row groups fit."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def quantize(src, dst, ftype: int):
+    """llama.cpp's own quantizer (llama_model_quantize), as llama-quantize runs it."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = 1
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params) == 0
+    return dst
+
+
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("quants")
+    f32 = write_llama_gguf(tiny_llama(), folder / "tiny-f32.gguf")
+    return {"F32": f32, **{q: quantize(f32, folder / f"tiny-{q}.gguf", t) for q, t in QUANTS.items()}}
+
+
+def test_the_build_has_the_batch_invariant_kernels():
+    """scripts/setup.sh builds llama.cpp with scripts/patches/ggml-cpu-batch-invariant.patch."""
+    assert batch_invariant_switch() is not None
+
+
+@pytest.mark.parametrize("quant", ["F32", *QUANTS])
+def test_every_row_of_a_verify_pass_equals_one_token_decoding(quant, ggufs):
+    lm = LlamaCppLM(ggufs[quant], threads=2, n_ctx=512)
+    assert lm.exact_batches
+    report = check_batch_invariance(lm, TOKENS, offsets=(9, 280))
+    assert report.exact, report.summary()
+    assert report.by_size == dict.fromkeys(range(1, 18), 0.0)
+
+
+@pytest.mark.parametrize("quant", ["Q4_K_M", "Q4_0"])
+def test_stock_kernels_fail_the_same_check(quant, ggufs):
+    """The check can fail: llama.cpp's stock batched kernels (the tiled K-quant matmul, the repacked GEMM)
+    give a batch's rows other logits than one-token decoding, and the backend does not claim otherwise."""
+    lm = LlamaCppLM(ggufs[quant], threads=2, n_ctx=512, exact=False)
+    assert not lm.exact_batches
+    report = check_batch_invariance(lm, TOKENS, offsets=(9,), sizes=(1, 4, 8, 16))
+    assert not report.exact and report.by_size[16] > 0, report.summary()
+
+
+def test_the_exact_backend_stays_exact_beside_a_stock_one(ggufs):
+    """The batch-invariant mode is process-wide; each pass sets it as its backend needs, so a stock Llama
+    running in between (bench's peer) changes nothing."""
+    exact = LlamaCppLM(ggufs["Q4_K_M"], threads=2, n_ctx=512)
+    stock = LlamaCppLM(ggufs["Q4_K_M"], threads=2, n_ctx=512, exact=False)
+    stock.score(TOKENS[:40])
+    assert check_batch_invariance(exact, TOKENS, offsets=(9,), sizes=(8, 16)).exact
