@@ -201,8 +201,9 @@ def _measure(prompts, encoded, configs_run, runners, cells, opts, console) -> No
                     progress.update(task, description=what)
                     cell = cells[c.name][i]
                     out = _run_once(cell, runners[c.name], ids, cfg)
-                    if p.greedy and not (c.own_grammar and p.json_schema is not None):
-                        _judge(cell, out.tokens, cells[c.reference][i].first.tokens)
+                    against = c.greedy_reference
+                    if p.greedy and not (c.own_grammar and p.json_schema is not None) and against in cells:
+                        _judge(cell, out.tokens, cells[against][i].first.tokens)
                     done += 1
                     eta = _eta(time.perf_counter() - start, done, total)
                     progress.update(task, advance=1, description=f"{what} · ETA {eta}")
@@ -330,6 +331,7 @@ def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -
                                   "speedup_vs_target_only": round(_tps(row_cells, idx) / _tps(ref_cells, idx), 3)}
                             for cat, idx in by_cat.items()},
             "greedy_equal_to_target_only": all(equal) if equal else None,
+            "greedy_checked_against": c.greedy_reference,
             "cached_prompt_tokens": sum(cell.cached_prompt_tokens for cell in row_cells),
             "model_memory_mb": round(sum(ctx.memory_mb.get(m, 0.0) for m in c.memory), 1)
             if all(m in ctx.memory_mb for m in c.memory) else None,
@@ -506,7 +508,8 @@ def markdown(report: dict) -> str:
               + ", ".join(f"{c} ({sum(p['category'] == c for p in report['prompts'])})" for c in cats)
               + ". Sampled prompts (temperature > 0) are timed, not token-compared; so are json-schema prompts on "
               "llama-cpp-python's rows (llama.cpp's own grammar engine lays JSON out its own way). Greedy equal: "
-              "token-equal to the same backend's target-only decoding (equal or FAILED: no allowance); "
+              "token-equal to the same backend's target-only decoding (equal or FAILED: no allowance; "
+              "llama-cpp-python's rows, on llama.cpp's stock kernels, to its own generate); "
               "model MB: resident memory the row's models added when loaded.", "",
               "| " + " | ".join(_headers(cats)) + " |", "|" + "---|" * len(_headers(cats))]
     lines += ["| " + " | ".join(_row_cells(r, cats)) + " |" for r in report["rows"]]

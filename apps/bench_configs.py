@@ -171,6 +171,13 @@ class BenchConfig:
     memory: tuple[str, ...] = ("target",)  # the models it runs (keys of BenchContext.memory_mb)
     own_grammar: bool = False  # constrains structured output with another grammar engine (another JSON layout):
     # its structured replies are timed, not token-compared
+    equal_to: str | None = None  # the row whose greedy tokens this one's must equal (None: `reference`;
+    # its own name: none, it is itself a reference)
+
+    @property
+    def greedy_reference(self) -> str | None:
+        target = self.equal_to or self.reference
+        return None if target == self.name and self.equal_to else target
 
     @property
     def ours(self) -> bool:
@@ -397,11 +404,14 @@ _CPP_DRAFT = "llama-cpp-python and a GGUF draft model (--draft-model, a catalog 
 _CPP_ROW = dict(reference=CPP_TARGET_ONLY, needs=_CPP, memory=("target (llama.cpp)",))
 
 register(BenchConfig(CPP_TARGET_ONLY, _on(_cpp, lambda ctx, e: ours(ctx, None, engine=e)), **_CPP_ROW))
-register(BenchConfig("llama-cpp-python generate", llama_cpp_generate, peer_of=CPP_TARGET_ONLY, own_grammar=True,
-                     **_CPP_ROW))
+# llama-cpp-python runs llama.cpp's stock batched kernels, whose prompt prefill differs from one-token decoding:
+# its rows are checked against its own plain generation, not against ours.
+_PEER = "llama-cpp-python generate"
+register(BenchConfig(_PEER, llama_cpp_generate, peer_of=CPP_TARGET_ONLY, own_grammar=True, equal_to=_PEER, **_CPP_ROW))
 _model_free_rows("llama.cpp", _cpp, _CPP_ROW)
 register(BenchConfig("prompt lookup (llama-cpp-python)", lambda ctx: llama_cpp_generate(ctx, prompt_lookup=True),
-                     peer_of="n-gram, llama.cpp (ours)", own_grammar=True, **_CPP_ROW), after="n-gram, llama.cpp (ours)")
+                     peer_of="n-gram, llama.cpp (ours)", own_grammar=True, equal_to=_PEER, **_CPP_ROW),
+         after="n-gram, llama.cpp (ours)")
 register(BenchConfig("draft model, llama.cpp (ours)",
                      lambda ctx: None if ctx.cpp_draft_lm is None else
                      ours(ctx, ModelDrafter(ctx.cpp_draft_lm), engine=ctx.cpp_engine),

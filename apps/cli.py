@@ -103,6 +103,9 @@ def generate(
     logprobs: Annotated[Optional[int], typer.Option(help="With --json: the target's log-probability of each token "
                                                          "and of N alternatives.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
+    allow_inexact: Annotated[bool, typer.Option(help="Let --draft auto speculate on a backend whose verify passes "
+                                                "are not batch-invariant (torch, onnx: greedy output may part "
+                                                "from target-only decoding at a near-tie).")] = False,
 ) -> None:
     """Generate text. Output is exactly what the target alone would produce (under --json-schema / --regex /
     --grammar: exactly what the target alone produces under that constraint)."""
@@ -123,7 +126,7 @@ def generate(
     prompt = _read_prompt(prompt, file)
     print(f"mirrorsd: loading {target} ...", file=sys.stderr, flush=True)
     engine = Engine.load(target=target, draft=draft, device=device, dtype=dtype, draft_device=draft_device,
-                         progress=True, backend=backend, draft_backend=draft_backend)
+                         progress=True, backend=backend, draft_backend=draft_backend, allow_inexact=allow_inexact)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     request = prompt if raw else messages
     if not raw and getattr(engine.tokenizer, "chat_template", None) is None:
@@ -145,7 +148,9 @@ def generate(
         hidden = "" if s.pipeline == "sequential" else f", {s.pipeline}: {s.hidden_draft_share or 0:.0%} of draft time hidden"
         shares = ", ".join(f"{k} {v:.0%}" for k, v in s.drafter_shares.items())
         served = f" (steps: {shares})" if len(s.drafter_shares) > 1 else ""
-        print(f"\n\n[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s on {s.backend}, drafter {s.drafter}{served}, "
+        inexact = "" if s.exact else " (inexact backend: verify passes not batch-invariant)"
+        print(f"\n\n[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s on {s.backend}{inexact}, "
+              f"drafter {s.drafter}{served}, "
               f"acceptance {alpha}, mean accepted length {s.mean_accepted_length:.2f}, "
               f"{s.verify_steps} verify steps{hidden}, finish: {result.finish_reason}]", file=sys.stderr)
         if trace:
@@ -240,6 +245,10 @@ def devices(
     draft: Annotated[Optional[str], typer.Option(help="An export folder to place (default: the exports cache).")] = None,
     draft_device: Annotated[Optional[str], typer.Option(help="Draft backend override.")] = None,
     verifier_device: Annotated[Optional[str], typer.Option(help="Verifier device override.")] = None,
+    check: Annotated[Optional[str], typer.Option(help="Check a target's batch invariance on its backend: verify "
+                                                "passes of 1..17 positions against one-token decoding "
+                                                "(a catalog name, .gguf, folder or export).")] = None,
+    backend: Backend = "auto",
 ) -> None:
     """What this machine has, and what would run where, and why."""
     from mirrorsd.devices import discover, place
@@ -286,6 +295,25 @@ def devices(
         print(f"draft    -> {p.draft_export} on {p.draft_backend}: {p.draft_reason}")
     else:
         print(f"draft    -> {p.draft_reason}")
+    if check:
+        _check_invariance(check, backend)
+
+
+def _check_invariance(target: str, backend: str) -> None:
+    """`devices --check`: the target's verify passes against its one-token decoding, bit for bit."""
+    from mirrorsd.errors import ConfigError
+    from mirrorsd.runtime.backends import load_lm
+    from mirrorsd.runtime.backends.invariance import check_batch_invariance, greedy_tokens
+
+    loaded = load_lm(target, backend, progress=True)
+    lm, ids = loaded.lm, loaded.tokenizer("Batch invariance: the same logits in a batch as alone.")["input_ids"]
+    tokens = greedy_tokens(lm, ids, 280 + 17 - len(ids))
+    report = check_batch_invariance(lm, tokens, offsets=(len(ids), 280))
+    declared = "declares exact verify passes" if lm.exact_batches else "declares inexact verify passes"
+    print(f"check       {target}: {report.summary()}; the backend {declared}")
+    if report.exact != lm.exact_batches:
+        raise ConfigError(f"{lm.backend} {declared}, but the check measured otherwise",
+                          "report this: the backend's exact_batches declaration is wrong on this machine")
 
 
 @app.command("export")

@@ -80,7 +80,7 @@ def check_batch_invariance(lm, tokens: Sequence[int], offsets: Sequence[int], si
                 diff = max(float((rows[j] - ref[offset - 1 + j]).abs().max()) for j in range(n))
                 by_size[n] = max(by_size[n], diff)
     lm.reset()
-    return InvarianceReport(getattr(lm, "backend", type(lm).__name__), max(by_size.values()), by_size,
+    return InvarianceReport(lm.backend, max(by_size.values()), by_size,
                             tuple(offsets), tuple(chunks))
 
 
