@@ -3,7 +3,7 @@
 # torch is pinned to 2.13.0 here only because that CPU wheel ships on this project's machines;
 # a bare `torch` requirement would download a multi-GB CUDA build. Elsewhere any torch >= 2.5 works.
 # The test extras include the llama.cpp backend: llama-cpp-python is published as source, so the first
-# install compiles llama.cpp (several minutes; the built wheel is cached for later installs, see below).
+# install compiles llama.cpp, patched (several minutes; the built wheel is cached for later installs, see below).
 # We skip its multimodal library (unused) and build on every core. For a GPU build set CMAKE_ARGS, e.g.
 # CMAKE_ARGS="-DGGML_CUDA=on" (or -DGGML_METAL=on, -DGGML_VULKAN=on); new flags mean a new build.
 set -euo pipefail
