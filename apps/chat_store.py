@@ -9,12 +9,17 @@ version intact rather than a truncated file.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+log = logging.getLogger("mirrorsd")
+ID = re.compile(r"[^./\\\x00][^/\\\x00]{0,127}")  # a file name in the store folder, never a path
 
 
 def data_dir() -> Path:
@@ -67,6 +72,9 @@ class ConversationStore:
         self.folder = folder or data_dir() / "conversations"
 
     def path(self, conversation_id: str) -> Path:
+        """The conversation's file: its id is the file name (checked: no separators, no '..')."""
+        if not isinstance(conversation_id, str) or not ID.fullmatch(conversation_id):
+            raise ValueError(f"not a conversation id: {conversation_id!r}")
         return self.folder / f"{conversation_id}.json"
 
     def save(self, conversation: Conversation) -> None:
@@ -74,19 +82,42 @@ class ConversationStore:
         write_atomically(self.path(conversation.id), json.dumps(asdict(conversation), ensure_ascii=False, indent=1))
 
     def load(self, conversation_id: str) -> Conversation:
+        """The conversation in <id>.json; ValueError for a file that is not one. Its id is the file's name,
+        whatever an "id" inside it says."""
         data = json.loads(self.path(conversation_id).read_text(encoding="utf-8"))
-        known = Conversation.__dataclass_fields__
-        return Conversation(**{k: v for k, v in data.items() if k in known})
+        return _conversation(data, conversation_id)
 
     def list(self) -> list[Conversation]:
-        """Newest first; a file that does not parse (edited by hand, another program) is skipped."""
+        """Newest first; a file that is not a conversation (edited by hand, another program) is skipped
+        with a warning."""
         found = []
         for path in self.folder.glob("*.json") if self.folder.is_dir() else ():
             try:
                 found.append(self.load(path.stem))
-            except (OSError, ValueError, TypeError):
-                continue
+            except (OSError, ValueError, TypeError) as exc:
+                log.warning("skipping %s: not a saved conversation (%s)", path, exc)
         return sorted(found, key=lambda c: c.updated, reverse=True)
 
     def delete(self, conversation_id: str) -> None:
         self.path(conversation_id).unlink(missing_ok=True)
+
+
+def _conversation(data, conversation_id: str) -> Conversation:
+    """A Conversation from parsed JSON, checked field by field (ValueError names the first bad one)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a JSON {type(data).__name__}, not an object")
+    messages = data.get("messages", [])
+    if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise ValueError("'messages' is not a list of {role, content} strings")
+    for key in ("system", "model"):
+        if not isinstance(data.get(key, ""), str):
+            raise ValueError(f"{key!r} is not a string")
+    for key in ("created", "updated"):
+        value = data.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key!r} is not a time in seconds")
+    return Conversation(messages=[dict(m) for m in messages], system=data.get("system", ""),
+                        model=data.get("model", ""), id=conversation_id,
+                        created=float(data.get("created", 0.0)), updated=float(data.get("updated", 0.0)))

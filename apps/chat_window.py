@@ -279,7 +279,7 @@ class ChatWindow(QMainWindow):
         self.conversation.model = self.session.engine.name if self.session.engine is not None else ""
         try:
             self.store.save(self.conversation)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             self.status.setText(f"could not save the chat: {exc}")
             return
         self._list_conversations()

@@ -54,7 +54,16 @@ def _read_prompt(prompt: str | None, file: str | None) -> str:
                           'e.g. mirrorsd generate "Write a quicksort." or echo hi | mirrorsd generate -')
     if file is not None:
         return _read_file(file, "prompt")
-    return sys.stdin.read() if prompt == "-" else prompt
+    if prompt != "-":
+        return prompt
+    try:
+        return sys.stdin.read()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"standard input is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                          "send the prompt as UTF-8") from None
+    except (OSError, ValueError, AttributeError) as exc:  # stdin closed (<&-): sys.stdin is None or unusable
+        raise ConfigError(f"cannot read the prompt from standard input: {exc}",
+                          "pipe the prompt in, e.g. echo hi | mirrorsd generate -") from None
 
 
 @app.command()
@@ -490,6 +499,8 @@ def serve(
     dtype: Dtype = "auto",
     backend: Backend = "auto",
     draft_backend: DraftBackend = None,
+    allowed_hosts: Annotated[Optional[list[str]], typer.Option(help="A Host name to answer besides the loopback "
+                                                               "ones (repeatable); others get 403.")] = None,
 ) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions (SSE streaming), /v1/models, /health."""
     try:
@@ -502,6 +513,9 @@ def serve(
 
     if api_key is not None and not api_key.strip():
         raise ConfigError("--api-key is empty", "pass a non-empty key (or set MIRRORSD_API_KEY), or leave it out")
+    if api_key is not None and api_key != api_key.strip():
+        raise ConfigError("--api-key starts or ends with whitespace, which no client header would carry",
+                          "pass the key without surrounding spaces")
     if min(max_tokens_limit, max_body_bytes, max_queue + 1) < 1 or not shutdown_grace >= 0:
         raise ConfigError("--max-tokens-limit and --max-body-bytes must be >= 1, --max-queue and "
                           "--shutdown-grace >= 0", "e.g. --max-tokens-limit 4096 --max-queue 8")
@@ -514,7 +528,8 @@ def serve(
         print(f"mirrorsd: serving {model_name or target} at http://{host}:{sock.getsockname()[1]}/v1",
               file=sys.stderr)
         run_server(engine, host=host, port=port, api_key=api_key, model_name=model_name or target,
-                   limits=limits, sock=sock, shutdown_grace_s=shutdown_grace)
+                   limits=limits, sock=sock, shutdown_grace_s=shutdown_grace,
+                   allowed_hosts=tuple(allowed_hosts or ()))
 
 
 datastore_app = typer.Typer(no_args_is_help=True, help="Retrieval datastores for the retrieval drafter.")

@@ -30,7 +30,7 @@ from typing import Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mirrorsd.apps.chat_session import describe_error
@@ -107,6 +107,24 @@ class ResponseFormat(BaseModel):
             return self.json_schema.schema_
         return {"type": "object"} if self.type == "json_object" else None
 
+def first_non_text(value, where: str = "") -> str | None:
+    """The path of the first string (or key) in parsed JSON that does not encode as UTF-8, else None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        path = f"{where}.{key}" if where else str(key)
+        found = first_non_text(key, path) if isinstance(key, str) else None
+        found = found if found is not None else first_non_text(item, path)
+        if found is not None:
+            return found
+    return None
+
+
 class _Request(BaseModel):
     # Integers are strict (true is not 1) and floats finite, so a value is applied as sent or refused.
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
@@ -125,6 +143,15 @@ class _Request(BaseModel):
     stream_options: dict | None = None
     n: StrictInt = 1
     response_format: ResponseFormat | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, data):
+        """JSON can carry lone surrogates ("\ud800"), which are not text: refused in every field."""
+        bad = first_non_text(data)
+        if bad is not None:
+            raise ValueError(f"{bad or 'a string'} holds a lone surrogate (not valid Unicode text)")
+        return data
 
     def top_logprobs_wanted(self) -> int | None:
         """Alternatives per token the request asks for (0: the chosen token's only), None: no logprobs."""
@@ -264,12 +291,20 @@ class Runner:
 
 # -- the app -------------------------------------------------------------------------------------------
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
 def create_app(engine, model_name: str | None = None, api_key: str | None = None,
-               limits: ServerLimits | None = None) -> FastAPI:
-    """The ASGI app serving `engine` under the model id `model_name` (default: engine.name)."""
+               limits: ServerLimits | None = None, allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS) -> FastAPI:
+    """The ASGI app serving `engine` under the model id `model_name` (default: engine.name).
+    allowed_hosts: the Host header names (any port) it answers; others get 403, so a web page cannot reach a
+    loopback server through a rebinding DNS name. None: any Host (a server bound to a public address)."""
     limits = limits or ServerLimits()
     if api_key is not None and not api_key.strip():
         raise ConfigError("the API key is empty", "pass a non-empty --api-key (or MIRRORSD_API_KEY), or none")
+    if api_key is not None and api_key != api_key.strip():
+        raise ConfigError("the API key starts or ends with whitespace, which no client header would carry",
+                          "pass the key without surrounding spaces")
     model_id = model_name or engine.name
     runner = Runner(engine, limits.max_queue)
     created = int(time.time())
@@ -285,6 +320,8 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
     app.add_middleware(_BodyLimit, limit=limits.max_body_bytes)
     if api_key is not None:  # outermost: the key is checked before any body is read or parsed
         app.add_middleware(_KeyCheck, key=api_key)
+    if allowed_hosts is not None:  # outermost of all: a foreign Host learns nothing, not even the 401
+        app.add_middleware(_HostCheck, allowed=allowed_hosts)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request, exc: OpenAIError):
@@ -561,6 +598,31 @@ class _KeyCheck:
         await self.app(scope, receive, send)
 
 
+class _HostCheck:
+    """ASGI middleware: 403 for a request whose Host header names no allowed host (DNS rebinding: a page on
+    evil.example resolving its name to 127.0.0.1 would otherwise reach a loopback server from the browser)."""
+
+    def __init__(self, app, allowed: tuple[str, ...]) -> None:
+        self.app, self.allowed = app, {h.lower().strip("[]") for h in allowed}
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or host_name(dict(scope.get("headers") or []).get(b"host", b"")) in self.allowed:
+            await self.app(scope, receive, send)
+            return
+        err = OpenAIError(403, "this server answers only requests addressed to its own host names "
+                               "(the Host header); start it with --allowed-hosts NAME to add one",
+                          code="host_not_allowed")
+        await err.response()(scope, receive, send)
+
+
+def host_name(header: bytes) -> str:
+    """The name in a Host header, without its port: 'localhost:8080' -> 'localhost', '[::1]:80' -> '::1'."""
+    text = header.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        return text[1:text.find("]")] if "]" in text else text
+    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+
+
 class _BodyLimit:
     """ASGI middleware: answer 413 for a request body over `limit` bytes (by Content-Length, or as
     it arrives for a chunked body) before any endpoint parses it."""
@@ -663,12 +725,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def serve(engine, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
           model_name: str | None = None, limits: ServerLimits | None = None, sock: socket.socket | None = None,
-          shutdown_grace_s: float = 5.0) -> None:
+          shutdown_grace_s: float = 5.0, allowed_hosts: tuple[str, ...] = ()) -> None:
     """Serve until Ctrl-C or SIGTERM (blocking). On either, the server stops accepting connections, lets
-    running requests finish for up to `shutdown_grace_s`, then cancels them and the queued ones, and exits."""
+    running requests finish for up to `shutdown_grace_s`, then cancels them and the queued ones, and exits.
+    allowed_hosts: Host names answered besides the loopback ones (a loopback server answers only those; a
+    server on another address answers any Host unless names are given)."""
     import uvicorn
 
-    app = create_app(engine, model_name=model_name, api_key=api_key, limits=limits)
+    hosts = (*LOOPBACK_HOSTS, host, *allowed_hosts) if is_loopback(host) or allowed_hosts else None
+    app = create_app(engine, model_name=model_name, api_key=api_key, limits=limits, allowed_hosts=hosts)
     if not is_loopback(host) and api_key is None:
         log.warning("serving on %s without --api-key: anyone who can reach this address can use the model", host)
     sock = sock or bind_socket(host, port)

@@ -118,13 +118,16 @@ def ensure_gguf(name: str, progress: bool = True) -> Path:
     path = _gguf_path(entry)
     if _gguf_ready(entry):
         return path
+    if path.exists():
+        _say(f"mirrorsd: the cached {name} GGUF does not match its SHA-256 (changed on disk); fetching it again",
+             True)
     path.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="build-", dir=path.parent))
     try:
         assembled = _assemble(entry, work, progress)
         assembled.replace(path)
         # Written last: the file counts as assembled and checked only once this exists.
-        (path.parent / "checked.json").write_text(json.dumps({"sha256": entry.sha256, "size": path.stat().st_size}))
+        _write_checked(path, entry.sha256)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return path
@@ -135,12 +138,40 @@ def _gguf_path(entry: CatalogEntry) -> Path:
 
 
 def _gguf_ready(entry: CatalogEntry) -> bool:
+    """The assembled file is there and is the one its SHA-256 names. The full digest is computed once and
+    again whenever the file's size or modification time differs from when it was checked (a write into the
+    file, a copy over it); otherwise the stat record stands for it, as for the converted folders."""
     path = _gguf_path(entry)
     try:
         checked = json.loads((path.parent / "checked.json").read_text())
-        return checked["sha256"] == entry.sha256 and path.stat().st_size == checked["size"]
-    except (OSError, ValueError, KeyError):
+        stat = path.stat()
+        if checked["sha256"] != entry.sha256 or stat.st_size != checked["size"]:
+            return False
+        if checked.get("mtime_ns") == stat.st_mtime_ns:
+            return True
+        if _sha256(path) != entry.sha256:
+            return False
+        _write_checked(path, entry.sha256)  # the same bytes, touched: record the new time
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+def _write_checked(path: Path, sha256: str) -> None:
+    """Written last: the file counts as assembled and checked only once this exists."""
+    stat = path.stat()
+    record = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    tmp = path.parent / "checked.json.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path.parent / "checked.json")
+
+
+def _sha256(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def gguf_tokenizer(gguf: Path, progress: bool = True) -> Path:

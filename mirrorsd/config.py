@@ -209,6 +209,9 @@ class GenerationConfig:
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
             raise ConfigError(f"stop must be a non-empty string or a list of them, got {self.stop!r}",
                               'e.g. stop=["\\n\\n"]')
+        if any(s.encode("utf-8", "surrogatepass") != s.encode("utf-8", "ignore") for s in stop):
+            raise ConfigError("a stop string is not valid Unicode text (it holds a lone surrogate)",
+                              "send stop strings as UTF-8 text")
         object.__setattr__(self, "stop", tuple(stop))
         self._check_structure()
         object.__setattr__(self, "sampling", _part(SamplingParams, self))

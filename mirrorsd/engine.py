@@ -67,7 +67,19 @@ def check_messages(messages) -> list[dict]:
             raise PromptError(f"message {i} needs a role ({' | '.join(CHAT_ROLES)}) and string content, got "
                               f"role {m.get('role')!r} and content of type {type(m.get('content')).__name__}",
                               'e.g. {"role": "user", "content": "Hello"}')
+        check_text(m["content"], f"message {i}'s content")
     return list(messages)
+
+
+def check_text(text: str, what: str = "the prompt") -> str:
+    """Text a tokenizer can take: a str that encodes as UTF-8 (no lone surrogates, as undecodable bytes
+    in argv become), else a PromptError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptError(f"{what} is not valid Unicode text (a lone surrogate or undecodable byte at "
+                          f"position {exc.start})", "send UTF-8 text") from None
+    return text
 
 
 class Engine:
@@ -176,7 +188,7 @@ class Engine:
         if isinstance(prompt, str):
             if not prompt:
                 raise PromptError("the prompt is empty", "give some text to continue, or chat messages")
-            ids = self.tokenizer(prompt)["input_ids"]
+            ids = self.tokenizer(check_text(prompt))["input_ids"]
         elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
             if getattr(self.tokenizer, "chat_template", None) is None:
                 raise PromptError(f"{self.name} has no chat template", "pass a plain string prompt instead")

@@ -51,7 +51,27 @@ def resolve_gguf(spec: str, progress: bool = False) -> tuple[Path, Path]:
                                      "give a catalog name or a .gguf file, or use --backend torch")
         if not gguf.is_file():
             raise ModelNotFoundError(f"GGUF file {spec!r} does not exist", "check the path")
+        check_gguf_structure(gguf)
     return gguf, catalog.gguf_tokenizer(gguf, progress)
+
+
+def check_gguf_structure(path: Path) -> None:
+    """A GGUF given by path has no digest to check against: at least its header parses and every tensor's
+    data lies inside the file (a truncated or overwritten file is a clear error, not garbage output)."""
+    import gguf
+
+    size = path.stat().st_size
+    try:
+        reader = gguf.GGUFReader(str(path))
+        ends = [int(t.data_offset) + int(t.n_bytes) for t in reader.tensors]
+    except Exception as exc:  # noqa: BLE001 - gguf-py raises ValueError, IndexError, struct and numpy errors
+        raise ModelNotFoundError(f"{path.name} is not a readable GGUF file: {exc}",
+                                 "the file may be truncated or corrupt: download it again") from None
+    if not ends:
+        raise ModelNotFoundError(f"{path.name} holds no tensors", "is it a model file? download it again")
+    if max(ends) > size:
+        raise ModelNotFoundError(f"{path.name} is truncated: its tensors need {max(ends)} bytes, the file has {size}",
+                                 "download the file again")
 
 
 def is_gguf(spec: str) -> bool:

@@ -41,3 +41,35 @@ def test_a_save_that_dies_midway_leaves_the_previous_version(tmp_path, monkeypat
     monkeypatch.undo()
     assert json.loads(store.path(chat.id).read_text())["messages"] == [{"role": "user", "content": "kept"}]
     assert [p.name for p in tmp_path.iterdir()] == [f"{chat.id}.json"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("body", ["[1, 2, 3]", "null", "42", '"text"', '{"updated": "yesterday"}',
+                                  '{"messages": 5}', '{"messages": [{"content": "no role"}]}',
+                                  '{"messages": [{"role": "user", "content": 7}]}', '{"system": []}'])
+def test_valid_json_that_is_not_a_conversation_is_skipped_with_a_warning(tmp_path, body, caplog):
+    store = ConversationStore(tmp_path)
+    good = Conversation(messages=[{"role": "user", "content": "kept"}])
+    store.save(good)
+    (tmp_path / "odd.json").write_text(body)
+    with caplog.at_level("WARNING", logger="mirrorsd"):
+        listed = store.list()
+    assert [c.id for c in listed] == [good.id] and listed[0].title == "kept"
+    assert "odd.json" in caplog.text
+
+
+def test_the_file_name_is_the_id_and_no_id_escapes_the_folder(tmp_path):
+    store = ConversationStore(tmp_path / "conversations")
+    store.folder.mkdir()
+    (store.folder / "hand-made.json").write_text(json.dumps(
+        {"id": "../escaped", "messages": [{"role": "user", "content": "hello"}]}))
+    (store.folder / "no-id.json").write_text(json.dumps({"messages": [{"role": "user", "content": "x"}]}))
+    listed = {c.id: c for c in store.list()}
+    assert set(listed) == {"hand-made", "no-id"}  # never the id written inside the file
+    store.save(listed["hand-made"])  # saves where it was read from
+    assert not (tmp_path / "escaped.json").exists() and (store.folder / "hand-made.json").is_file()
+    store.delete("no-id")
+    assert not (store.folder / "no-id.json").exists()
+    for bad in ("../escaped", "a/b", "..", ".hidden", "", "x" * 200):
+        with pytest.raises(ValueError):
+            store.save(Conversation(id=bad))
+    assert sorted(p.name for p in tmp_path.rglob("*.json")) == ["hand-made.json"]

