@@ -195,9 +195,12 @@ class Job:
         self.ids, self.config, self.loop = ids, config, loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
+        self.state = "queued"  # -> "running" (the worker took it) or "dropped" (cancelled while it waited)
+        self.on_cancel = lambda: None
 
     def cancel(self) -> None:
         self.cancelled.set()
+        self.on_cancel()
 
     def put(self, item) -> None:
         try:
@@ -232,11 +235,25 @@ class Runner:
                                   headers={"Retry-After": "1"})
             self.queued += 1
             self.jobs.add(job)
+        job.on_cancel = lambda: self._drop(job)
         self._pool.submit(self._work, job)
         return job
 
+    def _drop(self, job: Job) -> None:
+        """A queued job whose client left frees its queue slot at once (the worker skips it later)."""
+        with self._state:
+            if job.state != "queued":
+                return
+            job.state = "dropped"
+            self.queued -= 1
+            self.jobs.discard(job)
+            self.finished["cancelled"] += 1
+
     def _work(self, job: Job) -> None:
         with self._state:
+            if job.state == "dropped":
+                return
+            job.state = "running"
             self.queued -= 1
         if job.cancelled.is_set():  # its client left while it waited
             self._finish(job, "cancelled", None)

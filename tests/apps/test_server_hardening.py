@@ -275,3 +275,33 @@ def test_lone_surrogates_are_400s(server, path, body):
         r = http.post(path, content=raw)
         assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"], r.text
         assert http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_queued_clients_that_leave_free_their_slots_at_once(slow_engine):
+    """--max-queue 4, one long stream running, four queued clients give up and close their sockets: /health
+    says nothing waits any more, and a new request is queued, not refused with 429."""
+    app = create_app(slow_engine, limits=ServerLimits(max_tokens=250, max_queue=4))
+    body = {**CHAT, "max_tokens": 240}
+    with BackgroundServer(app) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+        running = threading.Thread(target=lambda: http.post("/v1/chat/completions", json=body))
+        running.start()
+        deadline = time.monotonic() + 30
+        while not http.get("/health").json()["busy"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+        def leave(stream: bool) -> None:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{srv.url}/v1/chat/completions", json={**body, "stream": stream}, timeout=0.5)
+
+        leavers = [threading.Thread(target=leave, args=(i % 2 == 0,)) for i in range(4)]
+        for t in leavers:
+            t.start()
+        for t in leavers:
+            t.join()
+        while http.get("/health").json()["queued"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        health = http.get("/health").json()
+        # freed while the long reply still runs (not when the worker would have reached them)
+        assert health["busy"] and health["queued"] == 0 and health["finished"].get("cancelled", 0) >= 4, health
+        assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+        running.join()
