@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import numbers
 import threading
@@ -122,7 +123,9 @@ class Engine:
         # are kept across processes in calibration_store. None (an engine built from objects): this engine only.
         self.calibration_id: str | None = None
         self.calibration_store: CalibrationStore | None = None
-        self._lock = threading.RLock()  # re-entered by pipeline_mode's calibration inside a request
+        # One request at a time. A plain Lock, not an RLock: a stream may be closed (and so release it) on
+        # another thread than the one that started it, e.g. by the garbage collector.
+        self._lock = threading.Lock()
         self.closed = False
 
     @classmethod
@@ -247,7 +250,7 @@ class Engine:
         grammar = grammar_text(cfg.json_schema, cfg.regex, cfg.grammar)
         return None if grammar is None else self.grammars.constraint(grammar)
 
-    def pipeline_mode(self, cfg: GenerationConfig) -> str:
+    def pipeline_mode(self, cfg: GenerationConfig, _locked: bool = False) -> str:
         """The mode `cfg.pipeline` resolves to with this drafter and target (see GenerationConfig). "auto" with a
         draft model: the mode a calibration on this placement measured faster (runtime/decode/calibrate.py;
         the first call per drafter and placement takes a few seconds, then `calibrations` holds it)."""
@@ -255,7 +258,8 @@ class Engine:
         if self.drafter is None:
             return "sequential"
         if mode == "auto":
-            mode = self.calibration(cfg.num_draft_tokens).mode if isinstance(self.drafter, DraftModel) else "sequential"
+            mode = (self.calibration(cfg.num_draft_tokens, _locked).mode if isinstance(self.drafter, DraftModel)
+                    else "sequential")
         early_exit = self.verifier.early_exit
         source = branch_source(self.verifier, self.drafter, cfg) if mode == "branches" else None
         if mode == "branches" and source is None:  # no candidates: neither early exit nor a ranking draft
@@ -267,11 +271,12 @@ class Engine:
                 f"pick a layer from 1 to {early_exit.num_layers - 1}, or None for 4/5 of the depth")
         return mode
 
-    def calibration(self, k: int) -> Costs:
+    def calibration(self, k: int, _locked: bool = False) -> Costs:
         """Measured costs of this draft model beside this target on this placement: kept per engine, and for
         models loaded by name in `calibration_store` across processes (runtime/decode/calibrate.py)."""
         key = (id(self.drafter), self.pin_cores, max(1, k))
-        with self._lock:  # the models are measured: no request runs meanwhile
+        # the models are measured: no request runs meanwhile (_locked: the caller's request holds the lock)
+        with contextlib.nullcontext() if _locked else self._lock:
             if key not in self.calibrations:
                 kept = None
                 if self.calibration_store is not None and self.calibration_id is not None:
@@ -306,7 +311,7 @@ class Engine:
             self._check_open()
             start = time.perf_counter()
             budget = min(cfg.max_new_tokens, self.verifier.max_context - len(ids))
-            mode = self.pipeline_mode(cfg)
+            mode = self.pipeline_mode(cfg, _locked=True)
             if self.drafter is not None and cfg.adaptive_k and (cfg.greedy or cfg.seed is None):
                 verify_curve.ensure(self.verifier, cfg.max_draft_tokens)  # once per verifier: the K schedule's costs
             timeline = Timeline()

@@ -135,3 +135,35 @@ def test_a_request_reuses_the_prefix_it_shares_with_the_last_and_reset_forgets_i
     cold = engine.generate(turn, cfg)
     assert cold.stats.cached_prompt_tokens == 0
     assert cold.token_ids == warm.token_ids == Engine(target_model, tokenizer, None).generate(turn, cfg).token_ids
+
+
+def test_a_stream_closed_on_another_thread_releases_the_engine(tokenizer, target_model):
+    """Closing a stream from another thread (or the garbage collector finalizing it there) releases the
+    request lock exactly once, and the engine serves the next request."""
+    import gc
+
+    from mirrorsd.runtime.drafters import NGramDrafter
+
+    engine = Engine(target_model, tokenizer, NGramDrafter())
+    cfg = GenerationConfig(max_new_tokens=20)
+    want = engine.generate("The quick brown fox", cfg).token_ids
+    for how in ("close", "gc"):
+        holder = [engine.stream("The quick brown fox", cfg)]
+        next(holder[0])  # started: the request holds the lock
+        errors = []
+
+        def finish():
+            try:
+                holder.pop().close() if how == "close" else (holder.clear(), gc.collect())
+            except Exception as exc:  # noqa: BLE001 - the test reports it
+                errors.append(exc)
+
+        worker = threading.Thread(target=finish)
+        worker.start()
+        worker.join(timeout=30)
+        assert not errors, errors
+        got, done = [], threading.Event()
+        threading.Thread(target=lambda: (got.append(engine.generate("The quick brown fox", cfg).token_ids),
+                                         done.set()), daemon=True).start()
+        assert done.wait(60), f"the engine hung after a stream was closed by {how} on another thread"
+        assert got == [want]
