@@ -30,7 +30,7 @@ from typing import Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mirrorsd.apps.chat_session import describe_error
@@ -125,22 +125,28 @@ def first_non_text(value, where: str = "") -> str | None:
     return None
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: StrictBool = False
+
+
 class _Request(BaseModel):
     # Integers are strict (true is not 1) and floats finite, so a value is applied as sent or refused.
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(default=None, ge=0)  # llama.cpp / vLLM extension
-    repetition_penalty: float | None = Field(default=None, gt=0.0)  # llama.cpp / vLLM extension
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: StrictFloat | None = Field(default=None, gt=0.0)  # llama.cpp / vLLM extension
+    presence_penalty: StrictFloat | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: StrictFloat | None = Field(default=None, ge=-2.0, le=2.0)
     seed: StrictInt | None = Field(default=None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
     stream: StrictBool = False
-    stream_options: dict | None = None
+    stream_options: StreamOptions | None = None
     n: StrictInt = 1
     response_format: ResponseFormat | None = None
 
@@ -430,7 +436,7 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
         job = runner.submit(ids, config)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if body.stream:
-            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(_sse(job, rid, model_id, chat, include_usage, engine.tokenizer),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -461,7 +467,11 @@ def _text_of(content) -> str:
         if part.get("type") != "text":
             raise OpenAIError(400, f"content parts of type {part.get('type')!r} are not supported (text only)",
                               param="messages", code="unsupported_content")
-        parts.append(str(part.get("text", "")))
+        if not isinstance(part.get("text"), str):
+            raise OpenAIError(400, "a text content part needs a string 'text', got "
+                                   f"{type(part.get('text')).__name__ if 'text' in part else 'none'}",
+                              param="messages", code="invalid_value")
+        parts.append(part["text"])
     return "".join(parts)
 
 

@@ -305,3 +305,17 @@ def test_queued_clients_that_leave_free_their_slots_at_once(slow_engine):
         assert health["busy"] and health["queued"] == 0 and health["finished"].get("cancelled", 0) >= 4, health
         assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
         running.join()
+
+
+@pytest.mark.parametrize("change", [
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": {"a": 1}}]}]},
+    {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+    {"temperature": True}, {"temperature": "0.5"}, {"top_p": "1"}, {"presence_penalty": False},
+    {"stream": True, "stream_options": {"include_usage": "yes"}},
+])
+def test_wrong_types_are_refused_not_coerced(server, change):
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as http:
+        r = http.post("/v1/chat/completions", json={**CHAT, **change})
+        assert r.status_code == 400 and r.json()["error"]["message"], (change, r.text)
+        assert http.post("/v1/chat/completions", json={**CHAT, "temperature": 1, "top_p": 1}).status_code == 200
