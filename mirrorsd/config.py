@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from mirrorsd.errors import ConfigError
 
 PIPELINE_MODES = ("auto", "sequential", "overlap", "branches")
+MAX_DRAFT_TOKENS = 256  # longer drafts than any verify pass pays for; a larger value is a mistake
 BRANCH_SOURCES = ("auto", "early_exit", "draft")
 
 
@@ -133,11 +134,11 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        if self.num_draft_tokens < 0 or self.max_draft_tokens < 1:
+        if not (1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS and 1 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS):
             raise ConfigError(
-                f"num_draft_tokens must be >= 0 and max_draft_tokens >= 1, got "
+                f"num_draft_tokens and max_draft_tokens must be in [1, {MAX_DRAFT_TOKENS}], got "
                 f"{self.num_draft_tokens} and {self.max_draft_tokens}",
-                "num_draft_tokens=0 turns drafting off; typical values are 4-16",
+                "typical values are 4-16; to decode without drafting, load the engine with draft='none'",
             )
         if self.pipeline not in PIPELINE_MODES:
             raise ConfigError(f"pipeline must be one of {', '.join(PIPELINE_MODES)}, got {self.pipeline!r}",
