@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated, Optional
 
@@ -555,8 +556,11 @@ def datastore_build(
     """Build a datastore; use it with `mirrorsd generate --draft chain:DIR` (or retrieval:DIR)."""
     import time
 
+    from mirrorsd.errors import ConfigError
     from mirrorsd.runtime.drafters.retrieval.datastore import build_datastore
 
+    if segment_tokens < 1:
+        raise ConfigError(f"--segment-tokens must be >= 1, got {segment_tokens}", "the default is 8000000")
     t0 = time.perf_counter()
     store = build_datastore(paths, _load_tokenizer(tokenizer), out, segment_tokens=segment_tokens, progress=True,
                             tokenizer_name=tokenizer)
@@ -590,14 +594,26 @@ def main() -> None:
     except typer.Abort:
         sys.exit(130)
     except MirrorsdError as err:
-        print(f"mirrorsd: error: {err.message}", file=sys.stderr)
-        if err.hint:
-            print(f"  hint: {err.hint}", file=sys.stderr)
-        sys.exit(2)
+        _fail(err.message, err.hint)
     except KeyboardInterrupt:
         sys.exit(130)
+    except (OSError, UnicodeError, ValueError, KeyError, IndexError, TypeError) as err:
+        # A file, folder or stream that is not what a command expected (a datastore path that is a text file,
+        # an unwritable folder, a malformed JSON line, ...): the error and its cause, not a traceback.
+        if os.environ.get("MIRRORSD_DEBUG"):
+            raise
+        what = f"{err.filename}: " if isinstance(err, OSError) and err.filename else ""
+        _fail(f"{what}{err.strerror if isinstance(err, OSError) and err.strerror else err} "
+              f"({type(err).__name__})", "check the paths and files given; MIRRORSD_DEBUG=1 shows where it failed")
     if isinstance(code, int) and code:
         sys.exit(code)
+
+
+def _fail(message: str, hint: str | None) -> None:
+    print(f"mirrorsd: error: {message}", file=sys.stderr)
+    if hint:
+        print(f"  hint: {hint}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -157,3 +157,29 @@ def test_generate_with_a_json_schema_file(tiny_folder, tmp_path):
                         (["--regex", "(", "--grammar", str(tmp_path / "schema.json")], "at most one")]:
         out = run("generate", "--target", str(tiny_folder), "--raw", *args, "hi")
         assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_files_that_are_not_what_a_command_expects_are_errors_not_tracebacks(tmp_path):
+    """Malformed inputs and paths give `mirrorsd: error:` and exit 2 (MIRRORSD_DEBUG=1 shows the traceback)."""
+    text = tmp_path / "notes.txt"
+    text.write_text("just text\n")
+    bad_jsonl = tmp_path / "bad.jsonl"
+    bad_jsonl.write_text('[1, 2]\n42\n{"messages": ["a string"]}\n')
+    good = tmp_path / "good.txt"
+    good.write_text("def f():\n    return 1\n")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    cases = [
+        ["datastore", "info", str(text)],
+        ["generate", "--draft", f"chain:{text}", "--max-new-tokens", "2", "hi"],
+        ["datastore", "build", str(bad_jsonl), "--out", str(tmp_path / "ds1")],
+        ["datastore", "build", str(good), "--out", str(a_file)],
+        ["datastore", "build", str(good), "--out", str(tmp_path / "ds2"), "--segment-tokens", "0"],
+    ]
+    for args in cases:
+        r = run(*args)
+        assert r.returncode == 2 and "mirrorsd: error:" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    cache_is_a_file = run("generate", "--max-new-tokens", "2", "hi", env={"MIRRORSD_CACHE": str(a_file)})
+    assert cache_is_a_file.returncode == 2 and "Traceback" not in cache_is_a_file.stderr, cache_is_a_file.stderr
+    debug = run("datastore", "info", str(text), env={"MIRRORSD_DEBUG": "1"})
+    assert debug.returncode != 0 and "Traceback" in debug.stderr

@@ -274,8 +274,16 @@ def _jsonl_texts(path: Path) -> Iterable[str]:
                 row = json.loads(line)
             except ValueError:
                 raise DatastoreError(f"{path}:{line_no} is not valid JSON", "one JSON object per line") from None
+            where = f"{path}:{line_no}"
+            if not isinstance(row, dict):
+                raise DatastoreError(f"{where} is a JSON {type(row).__name__}, not an object",
+                                     'one object per line: {"messages": [...]} or {"text": "..."}')
             if "messages" in row:
-                for message in row["messages"]:
+                messages = row["messages"]
+                if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                    raise DatastoreError(f"{where}: 'messages' is not a list of message objects",
+                                         'e.g. {"messages": [{"role": "user", "content": "..."}]}')
+                for message in messages:
                     if message.get("content"):
                         yield str(message["content"])
             else:
