@@ -515,7 +515,8 @@ def markdown(report: dict) -> str:
     lines += ["| " + " | ".join(_row_cells(r, cats)) + " |" for r in report["rows"]]
     failed = [r for r in report["rows"] if r["greedy_equal_to_target_only"] is False]
     for r in failed:
-        lines += ["", f"FAILED: {r['configuration']} differs from target-only on {', '.join(r['mismatched_prompts'])}."]
+        lines += ["", f"FAILED: {r['configuration']} differs from {r.get('greedy_checked_against') or 'target-only'} "
+                      f"on {', '.join(r['mismatched_prompts'])}."]
     if report["ours_vs_peers"]:
         lines += ["", "| ours | peer on the same model | ours / peer |", "|---|---|---|"]
         lines += [f"| {c['ours']} | {c['peer']} | {c['ratio']:.2f}x |" for c in report["ours_vs_peers"]]
