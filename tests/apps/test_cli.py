@@ -183,3 +183,11 @@ def test_files_that_are_not_what_a_command_expects_are_errors_not_tracebacks(tmp
     assert cache_is_a_file.returncode == 2 and "Traceback" not in cache_is_a_file.stderr, cache_is_a_file.stderr
     debug = run("datastore", "info", str(text), env={"MIRRORSD_DEBUG": "1"})
     assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+@pytest.mark.integration
+def test_devices_check_measures_the_targets_batch_invariance():
+    pytest.importorskip("llama_cpp")
+    r = run("devices", "--check", "smollm2-135m")
+    assert r.returncode == 0 and "smollm2-135m: llamacpp:cpu: batch-invariant" in r.stdout, r.stdout + r.stderr
+    assert "declares exact verify passes" in r.stdout
