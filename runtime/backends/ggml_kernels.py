@@ -4,6 +4,10 @@ scripts/setup.sh builds llama-cpp-python with scripts/patches/ggml-cpu-batch-inv
 `ggml_cpu_set_batch_invariant(bool)` to libggml-cpu: with it on, every row of a batch is computed by the
 kernels one-token decoding uses, so a verify pass reproduces one-token logits bit for bit. A stock build
 lacks the symbol, and its batched kernels are not invariant (docs/exactness.md).
+
+The mode is process-wide and read by every compute thread of a pass: switch it only between passes,
+never while another thread of this process computes with llama.cpp (bench runs its stock-kernel peer
+alone, between our runs).
 """
 
 from __future__ import annotations
