@@ -55,7 +55,9 @@ def test_greedy_output_equals_target_only_and_transformers(kind, adaptive, targe
         if kind in ("retrieval", "chain") and prompt in PROMPTS[:2]:  # the datastore knows these replies
             # (mean accepted length with a fixed K only: the adaptive K follows measured costs)
             # (the chain also tries n-gram drafts, which miss more often here, until it has learned)
-            assert s.acceptance_rate > (0.8 if kind == "retrieval" else 0.6)
+            # the retrieval drafts themselves (the chain's n-gram member misses more often here, and how many
+            # of its drafts a request sees depends on the timing-based gate)
+            assert s.acceptance_by_drafter["retrieval"] > 0.8, s.acceptance_by_drafter
             # Per drafted step: the timing-based gate may pause drafting for a few plain steps on a tiny
             # model (it did under a loaded CI machine); what a drafted step commits does not depend on that.
             plain = s.drafters.get("none", 0)
