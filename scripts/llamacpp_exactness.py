@@ -58,6 +58,17 @@ def verify_ms(lm, tokens: list[int], start: int, k: int, reps: int) -> float:
     return 1000 * statistics.median(times)
 
 
+def prefill_ms(lm, tokens: list[int], n: int, reps: int) -> float:
+    """Median time of scoring tokens[:n] from an empty cache (a prompt's prefill)."""
+    times = []
+    for _ in range(reps):
+        lm.reset()
+        t = time.perf_counter()
+        lm.score(tokens[:n])
+        times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="catalog name or .gguf file")
@@ -65,6 +76,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--max-k", type=int, default=16)
+    ap.add_argument("--prefill", type=int, default=256, help="prompt length whose prefill is timed")
     ap.add_argument("--long-offset", type=int, default=300, help="a cache offset past 256 (ggml's KV padding)")
     ap.add_argument("--out", type=Path, default=None, help="folder for results.json and table.md")
     args = ap.parse_args()
@@ -84,12 +96,13 @@ def main() -> None:
         results[name]["invariance"] = {"max_abs_diff": report.max_abs_diff, "by_size": report.by_size}
         print(f"{name}: {report.summary()}", flush=True)
     ks = list(range(1, args.max_k + 1))
-    samples = {name: {"decode": [], **{k: [] for k in ks}} for name in lms}
+    samples = {name: {"decode": [], "prefill": [], **{k: [] for k in ks}} for name in lms}
     for r in range(args.rounds):
         for name, lm in lms.items():
             samples[name]["decode"].append(decode_ms(lm, tokens, len(prompt), args.decode_tokens))
             for k in ks:
                 samples[name][k].append(verify_ms(lm, tokens, len(prompt), k, reps=3))
+            samples[name]["prefill"].append(prefill_ms(lm, tokens, args.prefill, reps=2))
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     stock = statistics.median(samples[args.configs[0]]["decode"])
     for name in lms:
@@ -97,6 +110,7 @@ def main() -> None:
         results[name]["decode_ms"] = round(dec, 2)
         results[name]["decode_vs_first"] = round(stock / dec, 3)
         results[name]["verify_steps"] = {k: round(statistics.median(samples[name][k]) / dec, 2) for k in ks}
+        results[name]["prefill_ms"] = round(statistics.median(samples[name]["prefill"]), 1)
     table = render(results, args, ks, len(prompt))
     print(table)
     if args.out:
@@ -108,15 +122,16 @@ def main() -> None:
 def render(results: dict, args, ks: list[int], prompt_len: int) -> str:
     shown = [k for k in ks if k in (1, 2, 3, 4, 6, 7, 8, 12, 16)]
     head = ("| configuration | max \\|diff\\| batched vs one-token | decode ms | decode speed vs first row | "
-            + " | ".join(f"K+1={k + 1}" for k in shown) + " |")
+            + " | ".join(f"K+1={k + 1}" for k in shown) + f" | prefill {args.prefill} tokens, ms |")
     lines = [f"{args.model}: passes of 1..17 positions at offsets {prompt_len} and {args.long_offset}, prefix "
              "prefilled whole and in batches of 5; verify cost in decode steps (logits at every row); "
              f"medians of {args.rounds} alternating rounds in one process.", "", head,
-             "|" + "---|" * (4 + len(shown))]
+             "|" + "---|" * (5 + len(shown))]
     for name, r in results.items():
         diff = r["invariance"]["max_abs_diff"]
         lines.append(f"| {name} | {'**0 (exact)**' if diff == 0 else f'{diff:.3g}'} | {r['decode_ms']} | "
-                     f"{r['decode_vs_first']:.3f}x | " + " | ".join(str(r["verify_steps"][k]) for k in shown) + " |")
+                     f"{r['decode_vs_first']:.3f}x | " + " | ".join(str(r["verify_steps"][k]) for k in shown)
+                     + f" | {r['prefill_ms']} |")
     return "\n".join(lines) + "\n"
 
 
