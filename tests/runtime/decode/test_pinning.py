@@ -49,7 +49,11 @@ def test_each_side_runs_on_its_own_core_and_output_is_unchanged(mode, target_mod
     target.seen.clear()
     engine.pin_cores = None
     engine.generate(PROMPTS[0], cfg)
-    assert target.seen == {(frozenset(before[0]), before[1])}
+    # unpinned, no pin leaks: every pass may use every core. (Its thread count is whatever torch gives the
+    # thread that runs it: OpenMP keeps the count per thread, and in overlap the pipeline's first step may run
+    # the target on another thread than the caller's.)
+    assert {cores for cores, _ in target.seen} == {frozenset(before[0])}
+    assert all(threads >= before[1] for _, threads in target.seen)
 
 
 def test_bad_pins_are_config_errors():
