@@ -498,7 +498,7 @@ def markdown(report: dict) -> str:
     if report.get("partial"):
         lines += [f"**Partial report: {report['interrupted']}; the numbers cover those prompts only.**", ""]
     if report.get("command"):
-        lines += [f"`{report['command']}` ({report['date_utc']})", ""]
+        lines += [f"`{report['command']}`", ""]
     lines += [_title(report) + ".", "",
               f"Machine: {mach['cpu']}, {mach['cpu_count']} cores, {mach['torch_threads']} torch threads, "
               f"{mach['platform']}; devices: {', '.join(mach['torch_devices'])}. Versions: "
@@ -520,6 +520,7 @@ def markdown(report: dict) -> str:
     if report["ours_vs_peers"]:
         lines += ["", "| ours | peer on the same model | ours / peer |", "|---|---|---|"]
         lines += [f"| {c['ours']} | {c['peer']} | {c['ratio']:.2f}x |" for c in report["ours_vs_peers"]]
+    lines += _best_by_category(report)
     if report["skipped"]:
         lines += ["", "Not run: " + "; ".join(f"{s['configuration']} ({s['reason']})" for s in report["skipped"]) + "."]
     models = "; ".join(_describe_model(k, val) for k, val in m.items())
@@ -527,6 +528,28 @@ def markdown(report: dict) -> str:
     if report.get("plots"):
         lines += [""] + [f"![{Path(p).stem}]({Path(p).name})" for p in report["plots"]]
     return "\n".join(lines) + "\n"
+
+
+def _best_by_category(report: dict) -> list[str]:
+    """Per category (and over the suite), the fastest of our rows against the fastest peer row."""
+    ours = [r for r in report["rows"] if r["ours"]]
+    peers = [r for r in report["rows"] if not r["ours"]]
+    if not ours or not peers:
+        return []
+    cats = report["categories"]
+
+    def best(rows: list[dict], cat: str | None) -> tuple[float, str]:
+        return max((r["tokens_per_second"] if cat is None else r["by_category"][cat]["tokens_per_second"],
+                    r["configuration"]) for r in rows)
+
+    columns = [*cats, None]
+    mine, theirs = [best(ours, c) for c in columns], [best(peers, c) for c in columns]
+    cell = lambda b: f"{b[0]:.2f} ({b[1]})"  # noqa: E731
+    return ["", "Best per category: tok/s of our fastest row against the fastest peer row.", "",
+            "| | " + " | ".join([*cats, "all"]) + " |", "|" + "---|" * (len(columns) + 1),
+            "| peers' best | " + " | ".join(map(cell, theirs)) + " |",
+            "| our best | " + " | ".join(map(cell, mine)) + " |",
+            "| ours / peers' best | " + " | ".join(f"{m[0] / t[0]:.2f}x" for m, t in zip(mine, theirs)) + " |"]
 
 
 def _describe_model(kind: str, val: dict) -> str:

@@ -110,6 +110,12 @@ def test_report_files_are_well_formed(bench_report):
     header = next(line for line in md.splitlines() if line.startswith("| configuration"))
     table = [line for line in md.splitlines() if line.startswith("| ") and line.count("|") == header.count("|")]
     assert len(table) == 1 + len(report["rows"])  # header + one line per configuration
+    # the best row of ours against the best peer row, per category and over the suite (the last column)
+    ratios = next(line for line in md.splitlines() if line.startswith("| ours / peers' best |"))
+    ours_best = max(r["tokens_per_second"] for r in report["rows"] if r["ours"])
+    peers_best = max(r["tokens_per_second"] for r in report["rows"] if not r["ours"])
+    assert ratios.split("|")[-2].strip() == f"{ours_best / peers_best:.2f}x"
+    assert "UTC" not in md  # the page is a map of the current state; the date stays in report.json
 
 
 def test_plots_are_valid_pngs(bench_report):
@@ -262,3 +268,4 @@ def test_pin_devices_runs_every_mode_pinned_and_token_equal(tmp_path):
     assert report["settings"]["pin_devices"] is True and "separate compute" in report["settings"]["pinning"]
     overlap = next(r for r in report["rows"] if r["configuration"] == "draft model, overlap (ours)")
     assert overlap["acceptance_rate"] > 0.5  # a self-draft: the draft side really drafted
+

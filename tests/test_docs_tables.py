@@ -1,0 +1,20 @@
+"""The README's and docs' marked tables are the benchmark commands' own output (scripts/docs_tables.py copies
+them), never typed in: a page that drifted from its source fails here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_marked_tables_equal_their_generated_sources():
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "docs_tables.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_readme_shows_a_generated_table():
+    assert "<!-- table: docs/bench-categories/report.md#best -->" in (ROOT / "README.md").read_text()
