@@ -236,7 +236,8 @@ def _choose(chosen: list[BenchConfig], opts: BenchOptions) -> list[BenchConfig]:
     if unknown:
         raise ConfigError(f"unknown configuration(s): {', '.join(sorted(unknown))}",
                           f"choose from: {', '.join(c.name for c in chosen)}")
-    wanted = set(opts.only) | {c.reference for c in chosen if c.name in opts.only}  # references always run
+    asked = [c for c in chosen if c.name in opts.only]  # with the rows they are compared with, which always run
+    wanted = set(opts.only) | {c.reference for c in asked} | {c.equal_to for c in asked if c.equal_to}
     return [c for c in chosen if c.name in wanted]
 
 

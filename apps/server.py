@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mirrorsd.apps.chat_session import describe_error
-from mirrorsd.config import GenerationConfig
+from mirrorsd.config import GenerationConfig, is_text
 from mirrorsd.errors import ConfigError, MirrorsdError
 from mirrorsd.results import FinishEvent, GenerationResult, TokenEvent
 
@@ -110,11 +110,7 @@ class ResponseFormat(BaseModel):
 def first_non_text(value, where: str = "") -> str | None:
     """The path of the first string (or key) in parsed JSON that does not encode as UTF-8, else None."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return where
-        return None
+        return None if is_text(value) else where
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
         path = f"{where}.{key}" if where else str(key)

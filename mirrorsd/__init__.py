@@ -11,6 +11,7 @@ from mirrorsd.errors import (
     ChecksumError,
     ConfigError,
     DatastoreError,
+    EngineBusyError,
     EngineClosedError,
     MirrorsdError,
     ModelNotFoundError,
@@ -42,7 +43,7 @@ def __getattr__(name: str):
 __version__ = "0.1.0"
 __all__ = [
     "CausalLM", "DraftModel", "LearningDrafter", "SamplingParams", "SpeculativeConfig", "Step",
-    "CatalogError", "ChecksumError", "ConfigError", "DatastoreError", "Draft", "EngineClosedError", "Drafter", "Engine", "FinishEvent",
+    "CatalogError", "ChecksumError", "ConfigError", "DatastoreError", "Draft", "EngineBusyError", "EngineClosedError", "Drafter", "Engine", "FinishEvent",
     "GenerationConfig", "GenerationResult", "GenerationStats", "MirrorsdError", "ModelNotFoundError",
     "PromptError", "RollbackUnsupportedError", "TokenEvent", "TokenizerMismatchError", "Verifier", "verify",
 ]

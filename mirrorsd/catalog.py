@@ -167,11 +167,7 @@ def _write_checked(path: Path, sha256: str) -> None:
 
 
 def _sha256(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+    return _hash_file(p, hashlib.sha256())
 
 
 def gguf_tokenizer(gguf: Path, progress: bool = True) -> Path:
@@ -301,7 +297,10 @@ def _file_record(p: Path) -> dict:
 
 
 def _digest(p: Path) -> str:
-    h = hashlib.blake2b(digest_size=32)
+    return _hash_file(p, hashlib.blake2b(digest_size=32))
+
+
+def _hash_file(p: Path, h) -> str:
     with open(p, "rb") as f:
         while chunk := f.read(1 << 22):
             h.update(chunk)

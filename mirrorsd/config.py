@@ -22,6 +22,15 @@ MAX_DRAFT_TOKENS = 256  # longer drafts than any verify pass pays for; a larger 
 BRANCH_SOURCES = ("auto", "early_exit", "draft")
 
 
+
+def is_text(text: str) -> bool:
+    """Whether a str encodes as UTF-8: no lone surrogates (as undecodable bytes in argv or JSON become)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen; target-only decoding and `verify` apply exactly the same."""
@@ -210,7 +219,7 @@ class GenerationConfig:
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
             raise ConfigError(f"stop must be a non-empty string or a list of them, got {self.stop!r}",
                               'e.g. stop=["\\n\\n"]')
-        if any(s.encode("utf-8", "surrogatepass") != s.encode("utf-8", "ignore") for s in stop):
+        if not all(is_text(s) for s in stop):
             raise ConfigError("a stop string is not valid Unicode text (it holds a lone surrogate)",
                               "send stop strings as UTF-8 text")
         object.__setattr__(self, "stop", tuple(stop))

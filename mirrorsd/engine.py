@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import numbers
 import threading
@@ -15,7 +14,7 @@ import torch
 from mirrorsd.chat_tokens import chat_ids
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import CausalLM, Drafter, DraftModel, LearningDrafter, TokenLogprob
-from mirrorsd.errors import ConfigError, EngineClosedError, PromptError
+from mirrorsd.errors import ConfigError, EngineBusyError, EngineClosedError, PromptError
 from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
 from mirrorsd.runtime.backends import eos_ids as eos_ids_of
 from mirrorsd.runtime.backends import load_lm
@@ -23,6 +22,7 @@ from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.runtime.decode import verify_curve
 from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs, calibrate
 from mirrorsd.runtime.decode.pipeline import branch_source, pipelined_decode
+from mirrorsd.runtime.decode.schedule import uses_cost_schedule
 from mirrorsd.runtime.decode.sequential import speculative_decode
 from mirrorsd.runtime.decode.threads import CorePins, cpu_draft_threads, overlap_threads, pinned
 from mirrorsd.runtime.drafters.chain import ChainDrafter
@@ -123,9 +123,7 @@ class Engine:
         # are kept across processes in calibration_store. None (an engine built from objects): this engine only.
         self.calibration_id: str | None = None
         self.calibration_store: CalibrationStore | None = None
-        # One request at a time. A plain Lock, not an RLock: a stream may be closed (and so release it) on
-        # another thread than the one that started it, e.g. by the garbage collector.
-        self._lock = threading.Lock()
+        self._lock = _RequestLock()  # one request at a time
         self.closed = False
 
     @classmethod
@@ -250,15 +248,19 @@ class Engine:
         grammar = grammar_text(cfg.json_schema, cfg.regex, cfg.grammar)
         return None if grammar is None else self.grammars.constraint(grammar)
 
-    def pipeline_mode(self, cfg: GenerationConfig, _locked: bool = False) -> str:
+    def pipeline_mode(self, cfg: GenerationConfig) -> str:
         """The mode `cfg.pipeline` resolves to with this drafter and target (see GenerationConfig). "auto" with a
         draft model: the mode a calibration on this placement measured faster (runtime/decode/calibrate.py;
         the first call per drafter and placement takes a few seconds, then `calibrations` holds it)."""
+        return self._pipeline_mode(cfg, self.calibration)
+
+    def _pipeline_mode(self, cfg: GenerationConfig, calibration) -> str:
+        """pipeline_mode with the calibration to use: locking (between requests) or not (inside one)."""
         mode = cfg.pipeline
         if self.drafter is None:
             return "sequential"
         if mode == "auto":
-            mode = (self.calibration(cfg.num_draft_tokens, _locked).mode if isinstance(self.drafter, DraftModel)
+            mode = (calibration(cfg.num_draft_tokens).mode if isinstance(self.drafter, DraftModel)
                     else "sequential")
         early_exit = self.verifier.early_exit
         source = branch_source(self.verifier, self.drafter, cfg) if mode == "branches" else None
@@ -271,27 +273,30 @@ class Engine:
                 f"pick a layer from 1 to {early_exit.num_layers - 1}, or None for 4/5 of the depth")
         return mode
 
-    def calibration(self, k: int, _locked: bool = False) -> Costs:
+    def calibration(self, k: int) -> Costs:
         """Measured costs of this draft model beside this target on this placement: kept per engine, and for
         models loaded by name in `calibration_store` across processes (runtime/decode/calibrate.py)."""
-        key = (id(self.drafter), self.pin_cores, max(1, k))
-        # the models are measured: no request runs meanwhile (_locked: the caller's request holds the lock)
-        with contextlib.nullcontext() if _locked else self._lock:
-            if key not in self.calibrations:
-                kept = None
-                if self.calibration_store is not None and self.calibration_id is not None:
-                    from mirrorsd.devices import machine_id
+        with self._lock:  # the models are measured: no request runs meanwhile
+            return self._calibration(k)
 
-                    kept = CalibrationStore.key(self.calibration_id, self.pin_cores, key[2], machine_id())
-                costs = None if kept is None else self.calibration_store.get(kept)
-                if costs is None:
-                    threads = None if self.pin_cores else overlap_threads(self.verifier, self.drafter)
-                    costs = calibrate(self.verifier, self.drafter, key[2], self.pin_cores, threads)
-                    if kept is not None:
-                        self.calibration_store.put(kept, costs)
-                self.calibrations[key] = costs
-                log.info("pipeline auto: %s", costs.to_dict())
-            return self.calibrations[key]
+    def _calibration(self, k: int) -> Costs:
+        """calibration, for a caller that holds the request lock."""
+        key = (id(self.drafter), self.pin_cores, max(1, k))
+        if key not in self.calibrations:
+            kept = None
+            if self.calibration_store is not None and self.calibration_id is not None:
+                from mirrorsd.devices import machine_id
+
+                kept = CalibrationStore.key(self.calibration_id, self.pin_cores, key[2], machine_id())
+            costs = None if kept is None else self.calibration_store.get(kept)
+            if costs is None:
+                threads = None if self.pin_cores else overlap_threads(self.verifier, self.drafter)
+                costs = calibrate(self.verifier, self.drafter, key[2], self.pin_cores, threads)
+                if kept is not None:
+                    self.calibration_store.put(kept, costs)
+            self.calibrations[key] = costs
+            log.info("pipeline auto: %s", costs.to_dict())
+        return self.calibrations[key]
 
     def _steps(self, ids: list[int], cfg: GenerationConfig, budget: int, timeline: Timeline, mode: str,
                constraint: GrammarConstraint | None):
@@ -311,8 +316,8 @@ class Engine:
             self._check_open()
             start = time.perf_counter()
             budget = min(cfg.max_new_tokens, self.verifier.max_context - len(ids))
-            mode = self.pipeline_mode(cfg, _locked=True)
-            if self.drafter is not None and cfg.adaptive_k and (cfg.greedy or cfg.seed is None):
+            mode = self._pipeline_mode(cfg, self._calibration)
+            if self.drafter is not None and uses_cost_schedule(cfg):
                 verify_curve.ensure(self.verifier, cfg.max_draft_tokens)  # once per verifier: the K schedule's costs
             timeline = Timeline()
             chain = tuple(d.name for d in self.drafter.drafters) if isinstance(self.drafter, ChainDrafter) else ()
@@ -439,3 +444,25 @@ class _TextAssembler:
     def flush(self) -> str:
         delta, self.emitted = self.text[self.emitted:], len(self.text)
         return delta
+
+
+class _RequestLock:
+    """The engine's one-request-at-a-time lock. A plain Lock, not an RLock: a stream may be closed (and so
+    release it) on another thread than the one that started it, e.g. by the garbage collector. A call from
+    the thread whose open stream holds it would wait for ever: it raises EngineBusyError instead."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    def __enter__(self) -> "_RequestLock":
+        if self._owner == threading.get_ident():
+            raise EngineBusyError("a stream of this Engine is still open on this thread",
+                                  "read the stream to its end or close() it before the next call")
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._owner = None
+        self._lock.release()

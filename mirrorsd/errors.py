@@ -63,6 +63,10 @@ class EngineClosedError(MirrorsdError):
     """A request on an Engine after its close() (or after its `with` block ended)."""
 
 
+class EngineBusyError(MirrorsdError):
+    """A call on an Engine from the thread whose open stream holds it (waiting would wait for ever)."""
+
+
 class GrammarError(MirrorsdError):
     """The structured-output grammar engine failed mid-reply (its state refused a token it had allowed, or hit a
     resource limit): the reply stops with this error rather than leave the grammar."""

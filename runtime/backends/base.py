@@ -39,6 +39,7 @@ class PrefixCachedLM:
 
     max_context: int
     vocab_size: int
+    exact_batches = False  # a verify pass reproduces one-token logits bit for bit: only where measured so
     context_hint = "shorten the prompt or lower max_new_tokens"
 
     def __init__(self) -> None:
@@ -95,25 +96,3 @@ class PrefixCachedLM:
 
     def close(self) -> None:
         self.reset()
-
-
-def batch_discrepancy(lm, prompt: Sequence[int], n: int = 24, k: int = 8) -> float:
-    """How far a backend's logits for a position scored in a batch of k+1 (a verify pass) can be from the
-    same position scored alone (one-token decoding): the largest |difference| over the greedy path of n
-    tokens after `prompt`. 0 for batch-invariant kernels; a quantized CPU kernel may differ, and a greedy
-    divergence between the two is then a near-tie only where the top-2 gap is below twice this."""
-    lm.reset()
-    context, single = list(prompt), []
-    for _ in range(n):
-        logits = lm.score(context)[-1]
-        single.append(logits)
-        context.append(int(logits.argmax()))
-    path, worst = context[len(prompt):], 0.0
-    for start in range(0, n - k, k + 1):
-        lm.reset()
-        lm.score(list(prompt) + path[:start])  # the prefix in the cache, as in decoding
-        batch = lm.score(list(prompt) + path[:start], path[start:start + k])  # [k+1, V]
-        for j in range(k + 1):
-            worst = max(worst, float((batch[j] - single[start + j]).abs().max()))
-    lm.reset()
-    return worst

@@ -27,7 +27,6 @@ class CoreMLCausalLM(PrefixCachedLM):
     context_hint = "re-export with a larger --max-context"
     early_exit = None
     threads = None
-    exact_batches = False  # not measured (Core ML predicts on macOS only): a draft backend, never a target
 
     def __init__(self, folder: str | Path, manifest: dict, compute_units: str | None = None) -> None:
         super().__init__()

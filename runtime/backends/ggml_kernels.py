@@ -16,26 +16,19 @@ import contextlib
 import ctypes
 import functools
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    """libllama as llama-cpp-python loaded it: symbols looked up through it resolve in the libggml-cpu it
-    depends on. (Opening lib/libggml-cpu.so directly may load a second copy: the wheel ships the
-    library under three names as three files, and libggml depends on libggml-cpu.so.0.)"""
+    """libllama as llama-cpp-python loaded it (LLAMA_CPP_LIB_PATH included): symbols looked up through it
+    resolve in the very libggml-cpu its kernels run from. (Opening lib/libggml-cpu.so by path may load a second
+    copy: the wheel ships the library under three names as three files.)"""
     try:
-        import llama_cpp
+        from llama_cpp import llama_cpp as api
     except ImportError:
         return None
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
-    for name in ("libllama.so", "libllama.dylib", "llama.dll"):
-        if (lib_dir / name).is_file():
-            cdll = ctypes.CDLL(str(lib_dir / name))  # the loaded object again (same file)
-            break
-    else:
-        return None
-    if not hasattr(cdll, "ggml_cpu_set_batch_invariant"):
+    cdll = getattr(api, "_lib", None)  # llama-cpp-python's handle of the library it loaded
+    if cdll is None or not hasattr(cdll, "ggml_cpu_set_batch_invariant"):
         return None
     cdll.ggml_cpu_set_batch_invariant.argtypes = [ctypes.c_bool]
     cdll.ggml_cpu_get_batch_invariant.restype = ctypes.c_bool

@@ -40,14 +40,17 @@ class InvarianceReport:
                 f"passes of {inexact[0]}+ positions differ (n = {inexact})")
 
 
-def reference_logits(lm, tokens: Sequence[int], positions: Iterable[int]) -> dict[int, torch.Tensor]:
-    """Logits after tokens[:p + 1] for each wanted p, decoding the whole sequence one token at a time."""
+def reference_logits(lm, tokens: list[int], positions: Iterable[int], length: int = 0) -> dict[int, torch.Tensor]:
+    """Logits after tokens[:p + 1] for each wanted p, decoding one token at a time; where `tokens` is shorter
+    than `length`, it is extended (in place) with the greedy tokens of that decoding."""
     wanted, out = set(positions), {}
     lm.reset()
-    for p in range(max(wanted) + 1):
+    for p in range(max(max(wanted) + 1, length - 1)):
         row = lm.score(tokens[:p + 1])[-1]
         if p in wanted:
             out[p] = row.detach().float().cpu().clone()
+        if len(tokens) == p + 1 < length:
+            tokens.append(int(row.argmax()))
     lm.reset()
     return out
 
@@ -63,12 +66,13 @@ def prefill(lm, tokens: Sequence[int], length: int, chunk: int) -> None:
 def check_batch_invariance(lm, tokens: Sequence[int], offsets: Sequence[int], sizes: Sequence[int] = DEFAULT_SIZES,
                            chunks: Sequence[int] = DEFAULT_CHUNKS) -> InvarianceReport:
     """Compare every row of passes of `sizes` positions after each offset (its prefix prefilled in each
-    of `chunks`) with one-token decoding. `tokens` must hold max(offsets) + max(sizes) tokens; offsets >= 1."""
+    of `chunks`) with one-token decoding. `tokens` may be a prompt: the one-token decoding continues it
+    greedily to max(offsets) + max(sizes) tokens. offsets >= 1."""
     tokens = [int(t) for t in tokens]
     need = max(offsets) + max(sizes)
-    if len(tokens) < need or min(offsets) < 1:
-        raise ValueError(f"need {need} tokens and offsets >= 1, got {len(tokens)} tokens, offsets {list(offsets)}")
-    ref = reference_logits(lm, tokens, {o - 1 + j for o in offsets for j in range(max(sizes))})
+    if not tokens or min(offsets) < 1:
+        raise ValueError(f"need at least one token and offsets >= 1, got {len(tokens)} tokens, offsets {list(offsets)}")
+    ref = reference_logits(lm, tokens, {o - 1 + j for o in offsets for j in range(max(sizes))}, need)
     by_size = dict.fromkeys(sizes, 0.0)
     for offset in offsets:
         for chunk in chunks:

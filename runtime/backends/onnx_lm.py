@@ -38,7 +38,6 @@ class OnnxCausalLM(PrefixCachedLM):
     context_hint = "re-export with a larger --max-context"
     early_exit = None
     threads = None  # intra-op threads are fixed when the session is made
-    exact_batches = False  # measured: docs/exactness.md (MLAS's batched kernels round differently)
 
     def __init__(self, folder: str | Path, manifest: dict, provider: str = "CPUExecutionProvider",
                  provider_options: dict | None = None, threads: int | None = None,

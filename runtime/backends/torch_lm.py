@@ -47,7 +47,6 @@ class TorchCausalLM(PrefixCachedLM):
         self._cache: DynamicCache | None = None
         self.early_exit = self if _has_early_exit(model) else None
         self.threads = _TorchThreads(self._layers()) if self.device.type == "cpu" else None
-        self.exact_batches = False  # measured: docs/exactness.md (a batch runs other matmul/attention kernels)
 
     def _check_rollback(self, cfg) -> None:
         """Speculative decoding drops rejected positions from the cache. Full attention truncates

@@ -93,7 +93,9 @@ class CostAwareSchedule:
         self.acceptance.update(n_drafted, n_accepted)
         costs = self.costs()
         if costs is not None:
-            c, v = costs
+            c, cost = costs
+            ratios = [cost(k) for k in range(self.max_k + 1)]  # once per update, not per choice scored
+            v = ratios.__getitem__
             alpha = self.acceptance.alpha
             ks = range(1, self.max_k + 1)
             choices = [(k, f) for k in ks for f in range(1, k + 1)] if self.overlapped else [(k, None) for k in ks]
@@ -167,11 +169,16 @@ class _LinearFit:
         return max(mean_t - b * mean_k, 1e-9), b
 
 
+def uses_cost_schedule(config: GenerationConfig) -> bool:
+    """Whether K follows measured costs. Not where K must not depend on timing: fixed K (adaptive_k off)
+    and seeded sampling, whose random stream must be reproducible."""
+    return config.adaptive_k and (config.seed is None or config.greedy)
+
+
 def make_schedule(config: GenerationConfig, overlapped: bool = False,
                   curve: tuple[float, ...] | None = None) -> DraftLengthSchedule | CostAwareSchedule:
-    """The cost-aware schedule (from the verifier's measured `curve` where known), except where K must not
-    depend on timing: fixed K (adaptive_k off) and seeded sampling, whose random stream must be
-    reproducible, use the deterministic heuristic."""
-    if not config.adaptive_k or (config.seed is not None and not config.greedy):
+    """The cost-aware schedule (from the verifier's measured `curve` where known) where K may follow
+    measured costs (uses_cost_schedule), else the deterministic heuristic."""
+    if not uses_cost_schedule(config):
         return DraftLengthSchedule(config)
     return CostAwareSchedule(config, overlapped, curve=curve)

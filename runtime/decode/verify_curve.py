@@ -16,6 +16,7 @@ from mirrorsd.contracts import CausalLM
 
 CONTEXT_TOKENS = 32
 REPEATS = 2
+MAX_K = 16  # measured up to here; a longer draft's cost comes from the request's own passes (VerifyCosts)
 
 _curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -40,7 +41,9 @@ def measure(lm: CausalLM, max_k: int, repeats: int = REPEATS) -> tuple[float, ..
 
 
 def ensure(lm: CausalLM, max_k: int) -> tuple[float, ...]:
-    """The curve of this verifier up to max_k, measured on first use (between requests: it resets the cache)."""
+    """The curve of this verifier up to max_k (at most MAX_K), measured on first use (between requests: it
+    resets the cache)."""
+    max_k = min(max_k, MAX_K)
     curve = known(lm)
     if curve is None or len(curve) <= max_k:
         curve = measure(lm, max_k)

@@ -269,3 +269,13 @@ def test_pin_devices_runs_every_mode_pinned_and_token_equal(tmp_path):
     overlap = next(r for r in report["rows"] if r["configuration"] == "draft model, overlap (ours)")
     assert overlap["acceptance_rate"] > 0.5  # a self-draft: the draft side really drafted
 
+
+def test_only_runs_the_rows_a_chosen_row_is_compared_with():
+    """--only a peer row also runs the row its greedy tokens are checked against, and our reference row."""
+    from mirrorsd.apps.bench import _choose
+    from mirrorsd.apps.bench_configs import CPP_TARGET_ONLY
+
+    opts = BenchOptions(target="smollm2-135m", only=("prompt lookup (llama-cpp-python)",))
+    names = [c.name for c in _choose(list(CONFIGS), opts)]
+    assert set(names) == {"prompt lookup (llama-cpp-python)", "llama-cpp-python generate", CPP_TARGET_ONLY}
+    assert names.index("llama-cpp-python generate") < names.index("prompt lookup (llama-cpp-python)")

@@ -167,3 +167,20 @@ def test_a_stream_closed_on_another_thread_releases_the_engine(tokenizer, target
                                          done.set()), daemon=True).start()
         assert done.wait(60), f"the engine hung after a stream was closed by {how} on another thread"
         assert got == [want]
+
+
+def test_a_call_from_the_thread_of_an_open_stream_is_refused_not_a_hang(tokenizer, target_model):
+    """The stream holds the engine while it is open; a call from its own thread would wait for ever, so it
+    raises EngineBusyError, and the engine serves again once the stream is closed."""
+    from mirrorsd import EngineBusyError
+
+    engine = Engine(target_model, tokenizer, NGramDrafter())
+    cfg = GenerationConfig(max_new_tokens=12)
+    want = engine.generate("The quick brown fox", cfg).token_ids
+    stream = engine.stream("The quick brown fox", cfg)
+    next(stream)
+    for call in (lambda: engine.generate("The quick brown fox", cfg), engine.reset, engine.close):
+        with pytest.raises(EngineBusyError, match="still open on this thread"):
+            call()
+    stream.close()
+    assert engine.generate("The quick brown fox", cfg).token_ids == want
