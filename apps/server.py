@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -197,6 +198,7 @@ class Job:
         self.ids, self.config, self.loop = ids, config, loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
+        self.shutdown = False  # cancelled because the server is stopping: answered 503 / finish_reason "abort"
         self.state = "queued"  # -> "running" (the worker took it) or "dropped" (cancelled while it waited)
         self.on_cancel = lambda: None
 
@@ -227,10 +229,13 @@ class Runner:
         self.finished: Counter[str] = Counter()  # finish reasons of finished requests
         self.jobs: set[Job] = set()  # queued and running
         self.last_stats: dict | None = None
+        self.closing = False
 
     def submit(self, ids: list[int], config: GenerationConfig) -> Job:
         job = Job(ids, config, asyncio.get_running_loop())
         with self._state:
+            if self.closing:
+                raise shutting_down()
             if self.queued >= self.max_queue:
                 raise OpenAIError(429, f"the server is busy: {self.queued} requests are waiting (--max-queue "
                                   f"{self.max_queue}); retry shortly", "rate_limit_error", code="queue_full",
@@ -302,10 +307,21 @@ class Runner:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def cancel_all(self) -> None:
-        """Cancel the running and the queued requests (shutting down)."""
-        for job in list(self.jobs):
+    def shut_down(self, running: bool) -> None:
+        """Take no more requests and end the queued ones (and the running one if `running`): their handlers
+        answer at once, a 503 or a stream's final chunk, without waiting for the worker to notice."""
+        with self._state:
+            self.closing = True
+            jobs = [job for job in self.jobs if running or job.state == "queued"]
+        for job in jobs:
+            job.shutdown = True
             job.cancel()
+            job.put(_CANCELLED)
+
+
+def shutting_down() -> OpenAIError:
+    return OpenAIError(503, "the server is shutting down; retry on another server or after it restarts",
+                       "server_error", code="server_shutting_down")
 
 
 # -- the app -------------------------------------------------------------------------------------------
@@ -331,7 +347,7 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        runner.cancel_all()
+        runner.shut_down(running=True)
         runner.close()
 
     app = FastAPI(title="mirrorsd", description="OpenAI-compatible server on a mirrorsd Engine", lifespan=lifespan)
@@ -440,6 +456,8 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
             result = await _collect(job, request)
         finally:
             job.cancel()  # a no-op once finished; cancels if this handler is torn down early
+        if result is None and job.shutdown:
+            return shutting_down().response()
         if result is None:  # the client went away
             return JSONResponse(status_code=499, content=OpenAIError(499, "client closed request").body())
         body_out = _envelope(rid, model_id, chat)
@@ -590,6 +608,9 @@ async def _sse(job: Job, rid: str, model_id: str, chat: bool, include_usage: boo
                 yield chunk(last, {"timings": accounting["timings"], "speculative": accounting["speculative"]})
                 if include_usage:
                     yield chunk(None, {"usage": accounting["usage"]})
+            elif item is _CANCELLED and job.shutdown:  # a final chunk, so the client knows the reply was cut
+                yield chunk({"index": 0, "delta": {}, "logprobs": logprobs(), "finish_reason": "abort"} if chat else
+                            {"index": 0, "text": "", "logprobs": logprobs(), "finish_reason": "abort"})
             elif isinstance(item, Exception):
                 err = OpenAIError(400 if isinstance(item, MirrorsdError) else 500, describe_error(item),
                                   "invalid_request_error" if isinstance(item, MirrorsdError) else "server_error")
@@ -700,20 +721,39 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+SHUTDOWN_MARGIN_S = 2.0  # after the grace period, the time handlers get to answer before uvicorn cancels them
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server with mirrorsd's shutdown (SIGINT, SIGTERM, should_exit): it stops accepting
+    connections, refuses the queued requests at once (503), lets the running one finish for `grace_s`,
+    then ends it: a 503 for a non-streamed reply, a final chunk with finish_reason "abort" and
+    `data: [DONE]` for a stream. No request is cut off mid-response or ends in a traceback."""
+
+    def __init__(self, app: FastAPI, grace_s: float, **config) -> None:
+        super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=grace_s + SHUTDOWN_MARGIN_S, **config))
+        self.runner, self.grace_s = app.state.runner, grace_s
+
+    async def shutdown(self, sockets=None) -> None:
+        self.runner.shut_down(running=False)
+        timer = asyncio.get_running_loop().call_later(self.grace_s, self.runner.shut_down, True)
+        try:
+            await super().shutdown(sockets=sockets)
+        finally:
+            timer.cancel()
+
+
 class BackgroundServer:
     """The real uvicorn server in a thread, on a socket bound before it starts (port 0 = any free
     port; `.url` tells which). A context manager; used by the tests and by programs that embed a server."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, shutdown_grace_s: float = 5.0) -> None:
-        import uvicorn
-
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                                    timeout_graceful_shutdown=shutdown_grace_s))
+        self.server = Server(app, shutdown_grace_s, log_level="warning", lifespan="on")
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> "BackgroundServer":
@@ -750,17 +790,16 @@ def serve(engine, host: str = "127.0.0.1", port: int = 8080, api_key: str | None
           model_name: str | None = None, limits: ServerLimits | None = None, sock: socket.socket | None = None,
           shutdown_grace_s: float = 5.0, allowed_hosts: tuple[str, ...] = ()) -> None:
     """Serve until Ctrl-C or SIGTERM (blocking). On either, the server stops accepting connections, lets
-    running requests finish for up to `shutdown_grace_s`, then cancels them and the queued ones, and exits.
+    refuses the queued requests (503), lets the running one finish for up to `shutdown_grace_s`, then ends it
+    (503, or a stream's final chunk with finish_reason "abort") and exits (see `Server`).
     allowed_hosts: Host names answered besides the loopback ones (a loopback server answers only those; a
     server on another address answers any Host unless names are given)."""
-    import uvicorn
-
     hosts = (*LOOPBACK_HOSTS, host, *allowed_hosts) if is_loopback(host) or allowed_hosts else None
     app = create_app(engine, model_name=model_name, api_key=api_key, limits=limits, allowed_hosts=hosts)
     if not is_loopback(host) and api_key is None:
         log.warning("serving on %s without --api-key: anyone who can reach this address can use the model", host)
     sock = sock or bind_socket(host, port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=shutdown_grace_s))
+    server = Server(app, shutdown_grace_s, log_level="info")
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal once it has shut down
         server.run(sockets=[sock])
 

@@ -5,6 +5,7 @@ bounded, a client that leaves mid-reply cancels it, and shutdown cancels what ru
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -105,18 +106,37 @@ def test_beyond_max_queue_requests_get_429_with_retry_after(server):
     assert refused.headers["Retry-After"] and refused.json()["error"]["code"] == "queue_full"
 
 
-def test_shutdown_cancels_running_requests_after_the_grace_period(slow_engine):
+class _Errors(logging.Handler):
+    """The server's error log (uvicorn's and ours): a CancelledError traceback shows up here."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def error_log():
+    handler = _Errors()
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "mirrorsd")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    yield handler.records
+    for logger in loggers:
+        logger.removeHandler(handler)
+
+
+def test_shutdown_ends_a_running_stream_with_a_final_abort_chunk(slow_engine, error_log):
     app = create_app(slow_engine, limits=ServerLimits(max_tokens=250))
     srv = BackgroundServer(app, shutdown_grace_s=0.5).__enter__()
     body = {**CHAT, "max_tokens": 250, "temperature": 0, "stream": True}
     got: list[str] = []
 
     def stream() -> None:
-        try:
-            with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
-                got.extend(r.iter_lines())
-        except httpx.HTTPError:
-            pass
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            got.extend(line for line in r.iter_lines() if line)
 
     reader = threading.Thread(target=stream)
     reader.start()
@@ -126,7 +146,35 @@ def test_shutdown_cancels_running_requests_after_the_grace_period(slow_engine):
     srv.__exit__(None, None, None)  # what SIGTERM / Ctrl-C do: uvicorn's should_exit
     assert not srv.thread.is_alive() and time.monotonic() - t0 < 10
     reader.join(10)
-    assert "data: [DONE]" not in got  # the 250-token reply (5 s at 20 ms a step) was cut off
+    assert got[-1] == "data: [DONE]", got[-3:]
+    last = json.loads(got[-2].removeprefix("data: "))
+    assert last["choices"][0]["finish_reason"] == "abort"  # the 250-token reply (5 s at 20 ms a step) was cut
+    assert not error_log, [r.getMessage() for r in error_log]
+
+
+def test_shutdown_answers_running_and_queued_requests_with_503(slow_engine, error_log):
+    app = create_app(slow_engine, limits=ServerLimits(max_tokens=250, max_queue=4))
+    srv = BackgroundServer(app, shutdown_grace_s=0.5).__enter__()
+    body = {**CHAT, "max_tokens": 250, "temperature": 0}
+    answers: list[httpx.Response] = []
+
+    def post() -> None:
+        answers.append(httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60))
+
+    clients = [threading.Thread(target=post) for _ in range(3)]  # one runs, two wait
+    for client in clients:
+        client.start()
+    deadline = time.monotonic() + 30
+    while not (app.state.runner.busy and app.state.runner.queued == 2):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    srv.__exit__(None, None, None)
+    for client in clients:
+        client.join(10)
+    assert [r.status_code for r in answers] == [503] * 3, [r.text for r in answers]
+    for r in answers:
+        assert r.json()["error"]["code"] == "server_shutting_down" and r.json()["error"]["type"] == "server_error"
+    assert not error_log, [r.getMessage() for r in error_log]
 
 
 def test_serve_refuses_an_empty_key_a_bad_port_and_a_busy_port(tiny_folder):
