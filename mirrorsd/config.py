@@ -180,7 +180,8 @@ class GenerationConfig:
     seed: int | None = None
 
     stop: tuple[str, ...] = ()
-    """Stop strings: generation ends when the text contains one; it is not included in the result."""
+    """Stop strings: generation ends when the text contains one; it is not included in the result. A single
+    string is one stop string (`stop="\n\n"`), as in OpenAI's API."""
 
     json_schema: str | dict | None = None
     """Structured output: the reply is JSON valid against this schema (a dict or its JSON text;

@@ -45,6 +45,8 @@ def _q(vocab: int, tokens: list[int], how: str) -> np.ndarray:
         q /= q.sum(axis=1, keepdims=True)
     elif how == "1d-q":
         return q[0]
+    elif how == "wide-q":  # a valid distribution, zero beyond the vocabulary, but twice as wide
+        return np.pad(q, ((0, 0), (0, vocab)))
     return q
 
 
@@ -53,7 +55,7 @@ class FailingDrafter(RandomTokenDrafter):
 
     name = "failing"
     FAULTS = ("raise", "garbage", "too-long", "feedback-raises", "nan-q", "inf-q", "negative-q", "unnormalised-q",
-              "zero-q-for-token", "1d-q", "string-ids", "float-ids", "not-a-draft", "start-raises", "hang",
+              "zero-q-for-token", "1d-q", "narrow-q", "wide-q", "string-ids", "float-ids", "not-a-draft", "start-raises", "hang",
               "mutate-history")
 
     def __init__(self, vocab_size: int, how: str, good_steps: int = 2, hang_s: float = 3.0) -> None:
@@ -76,6 +78,9 @@ class FailingDrafter(RandomTokenDrafter):
             return Draft([self.vocab_size + 5] * max_tokens, None, self.name)
         if how == "too-long":
             return Draft([0] * (max_tokens + 3), None, self.name)
+        if how == "narrow-q":  # a valid distribution over half the vocabulary: another tokenizer's
+            tokens = [t % (self.vocab_size // 2) for t in good.tokens]
+            return Draft(tokens, _q(self.vocab_size // 2, tokens, how), self.name)
         if "-q" in how:
             return Draft(good.tokens, _q(self.vocab_size, good.tokens, how), self.name)
         if how == "string-ids":

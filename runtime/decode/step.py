@@ -241,7 +241,8 @@ def drop_message(drafter: Drafter, exc: Exception) -> str:
 def check_draft(draft: Draft, budget: int, vocab_size: int) -> Draft:
     """A draft as the verifier may trust it, or ValueError: a Draft of at most `budget` integer token ids in
     the target vocabulary and, when sampled, one row of q per token that is a distribution (finite,
-    non-negative, summing to 1) giving its own token a positive probability. Returns it normalised (ids as
+    non-negative, summing to 1 over the target vocabulary, as wide as it up to padding) giving its own token
+    a positive probability. Returns it normalised (ids as
     ints, q as float64 [k, V'])."""
     if not isinstance(draft, Draft):
         raise ValueError(f"propose() returned {type(draft).__name__}, not a Draft")
@@ -263,12 +264,20 @@ def check_draft(draft: Draft, budget: int, vocab_size: int) -> Draft:
         raise ValueError(f"draft probs have shape {q.shape}, not one row per token ({k} rows)")
     if k == 0:
         return Draft([], None, str(draft.source))
+    if abs(q.shape[1] - vocab_size) > vocab_size // VOCAB_PADDING_SHARE:
+        raise ValueError(f"draft probs are {q.shape[1]} wide, but the target's vocabulary has {vocab_size} ids "
+                         "(a draft with another tokenizer?)")
     sums = q.sum(axis=1)  # NaN or inf anywhere in a row shows here
-    if not np.isfinite(sums).all() or q.min() < 0 or np.abs(sums - 1).max() > Q_SUM_TOLERANCE:
-        raise ValueError("draft probs are not distributions (NaN, inf, negative, or rows not summing to 1)")
+    kept = q[:, :vocab_size].sum(axis=1)  # a wider row's padding must carry no probability
+    if not np.isfinite(sums).all() or q.min() < 0 or np.abs(kept - 1).max() > Q_SUM_TOLERANCE:
+        raise ValueError("draft probs are not distributions over the target vocabulary (NaN, inf, negative, "
+                         "or rows not summing to 1)")
     if any(t >= q.shape[1] or q[i, t] <= 0 for i, t in enumerate(tokens)):
         raise ValueError("a drafted token has probability 0 under its own draft distribution")
     return Draft(tokens, q, str(draft.source))
 
 
 Q_SUM_TOLERANCE = 1e-3  # float32/float16 softmax rows sum to 1 within ~1e-6 / 1e-3
+# A draft model may pad its vocabulary to another multiple than the target (qwen2.5: 151936 vs 152064 rows);
+# a width further off than 1/64 of the target's is another tokenizer, whose ids mean other tokens.
+VOCAB_PADDING_SHARE = 64

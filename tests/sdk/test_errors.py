@@ -61,6 +61,16 @@ def test_invalid_generation_settings(kwargs, match):
     assert info.value.hint and isinstance(info.value, ValueError)
 
 
+def test_settings_beside_a_config_are_checked_and_a_bare_stop_string_is_one_stop(target_model, tokenizer):
+    engine = Engine(target_model, tokenizer, None)
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        engine.generate("hi", GenerationConfig(max_new_tokens=4), max_new_tokens=True)
+    with pytest.raises(ConfigError, match="unknown generation setting"):
+        engine.generate("hi", GenerationConfig(), max_tokens=4)
+    assert GenerationConfig(stop="abc").stop == ("abc",)  # documented: one stop, not three letters
+    assert engine.generate("hi", GenerationConfig(max_new_tokens=2), stop="abc").finish_reason == "length"
+
+
 def test_unknown_model_names_the_catalog():
     with pytest.raises(ModelNotFoundError) as info:
         Engine.load(target="no-such-model-anywhere")

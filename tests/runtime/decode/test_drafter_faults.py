@@ -41,7 +41,7 @@ def test_a_drafter_cannot_write_to_the_committed_history(mode, target_model, tok
     assert result.stats.fallbacks and "corrupting" in result.stats.fallbacks[0]
 
 
-@pytest.mark.parametrize("how", ["nan-q", "negative-q", "unnormalised-q", "zero-q-for-token"])
+@pytest.mark.parametrize("how", ["nan-q", "negative-q", "unnormalised-q", "zero-q-for-token", "narrow-q"])
 @pytest.mark.parametrize("mode", MODES)
 def test_a_bad_q_never_changes_the_sampled_distribution(how, mode, target_model, tokenizer):
     """The drafter proposes the tokens it likes best with a broken q from its first step: it is dropped
@@ -59,9 +59,17 @@ def test_check_draft_normalises_what_it_accepts_and_names_what_it_refuses():
     for bad, words in [(Draft([True], None, "d"), "integers"), (Draft([1, 2, 3], None, "d"), "more than"),
                        (Draft([1], np.full((1, 10), np.nan), "d"), "not distributions"),
                        (Draft([1], np.full((2, 10), 0.1), "d"), "one row per token"),
+                       (Draft([1], np.full((1, 5), 0.2), "d"), "5 wide"),
+                       (Draft([1], np.full((1, 20), 0.05), "d"), "20 wide"),
                        ([1, 2], "not a Draft")]:
         with pytest.raises(ValueError, match=words):
             check_draft(bad, 2, 10)
+    padded = np.zeros((1, 6464))
+    padded[0, 1] = 1.0  # padding to another multiple, with no probability on the padding: accepted
+    assert check_draft(Draft([1], padded, "d"), 2, 6400).probs.shape == (1, 6464)
+    padded[0, 1], padded[0, 6410] = 0.5, 0.5  # probability on ids the target does not have: refused
+    with pytest.raises(ValueError, match="not distributions"):
+        check_draft(Draft([1], padded, "d"), 2, 6400)
 
 
 class GarbageDrafter:
