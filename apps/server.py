@@ -114,7 +114,8 @@ def first_non_text(value, where: str = "") -> str | None:
         return None if is_text(value) else where
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
-        path = f"{where}.{key}" if where else str(key)
+        name = str(key).encode("utf-8", "backslashreplace").decode()  # the path itself must be text
+        path = f"{where}.{name}" if where else name
         found = first_non_text(key, path) if isinstance(key, str) else None
         found = found if found is not None else first_non_text(item, path)
         if found is not None:

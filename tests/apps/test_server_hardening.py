@@ -198,21 +198,30 @@ def test_serve_refuses_an_empty_key_a_bad_port_and_a_busy_port(tiny_folder):
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+# Unicode that is not plain text: lone surrogates (json.dumps sends them as \ud800 escapes), a BOM, NUL,
+# right-to-left marks, 4-byte characters, noncharacters; mixed into every string field.
+_EDGES = ["\ud800", "\udfff", "a\ud800b", "\ufeff", "\x00", "\u202e", "\u200f", "\U0001f600", "\U0001d54f",
+          "\U0010ffff", "\ufffe", "\r\n"]
+_text = st.text(max_size=12) | st.lists(st.sampled_from(_EDGES) | st.text(max_size=3), max_size=4).map("".join)
 _json = st.recursive(st.none() | st.booleans() | st.integers(min_value=-2**80, max_value=2**80) |
-                     st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),
-                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
-                                                                                 max_size=3), max_leaves=6)
-_message = st.fixed_dictionaries({}, optional={"role": st.sampled_from(["user", "system", "assistant", "tool", 3]),
-                                               "content": st.one_of(st.text(max_size=20), _json)})
-_FIELDS = {"model": st.sampled_from([MODEL, "gpt-4", 5]), "max_tokens": _json | st.integers(-2, 12),
+                     st.floats(allow_nan=False, allow_infinity=False) | _text,
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
+                     max_leaves=6)
+_part = st.fixed_dictionaries({}, optional={"type": st.sampled_from(["text", "image_url", "input_audio", "", 5]),
+                                            "text": _text | _json, "image_url": _json})
+_message = st.fixed_dictionaries({}, optional={"role": st.sampled_from(["user", "system", "assistant", "tool", 3]) |
+                                               _text,
+                                               "content": st.one_of(_text, _json, st.lists(_part, max_size=3))})
+_FIELDS = {"model": st.sampled_from([MODEL, "gpt-4", 5]) | _text, "max_tokens": _json | st.integers(-2, 12),
            "temperature": _json | st.floats(-1, 3), "top_p": _json, "top_k": _json, "seed": _json,
-           "repetition_penalty": _json, "stop": _json | st.text(max_size=3), "stream": st.booleans() | _json,
+           "repetition_penalty": _json, "stop": _json | _text | st.lists(_text, max_size=3),
+           "stream": st.booleans() | _json, "user": _text,
            "n": _json, "logprobs": _json, "echo": _json, "stream_options": _json, "top_logprobs": _json,
            "response_format": _json | st.fixed_dictionaries({"type": st.sampled_from(["json_schema", "json_object",
                                                                                     "text", "x"])},
                                                             optional={"json_schema": _json}),
-           "messages": st.lists(_message, max_size=3) | _json, "prompt": st.text(max_size=20) | _json |
-           st.lists(st.integers(-5, 400), max_size=5)}
+           "messages": st.lists(_message, max_size=3) | _json, "prompt": _text | _json |
+           st.lists(st.integers(-5, 400), max_size=5) | st.lists(_text, max_size=2)}
 _body = st.fixed_dictionaries({}, optional=_FIELDS)
 
 
@@ -224,12 +233,13 @@ def fuzz_target(tokenizer, target_model):
             yield http
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=_body, path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
 def test_generated_bodies_never_get_a_500_or_a_dropped_connection(fuzz_target, body, path):
     r = fuzz_target.post(path, content=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     assert r.status_code < 500, (body, r.text)
     if r.status_code >= 400:
+        assert "Traceback" not in r.text
         error = r.json()["error"]
         assert isinstance(error["message"], str) and error["message"] and error["type"], r.text
 
@@ -316,6 +326,7 @@ def test_an_api_key_with_surrounding_whitespace_is_refused_at_start(slow_engine)
     ("/v1/chat/completions", {**CHAT, "stop": ["\udfff"]}),
     ("/v1/completions", {"model": MODEL, "prompt": "\udfff", "max_tokens": 2}),
     ("/v1/completions", {"model": MODEL, "prompt": "ok", "max_tokens": 2, "stream": True, "stop": "\ud800"}),
+    ("/v1/completions", {"model": MODEL, "prompt": "ok", "stream_options": {"a\ud800": 1}}),  # in a key
 ])
 def test_lone_surrogates_are_400s(server, path, body):
     raw = json.dumps(body)  # json.dumps writes them as \\ud800 escapes, as a hostile client may
