@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mirrorsd.config import is_text
 from mirrorsd.errors import DatastoreError
 from mirrorsd.tokenizer_check import tokenizer_fingerprint
 from mirrorsd.runtime.drafters.continuation import SEPARATOR, continuation_matrix, likeliest_path
@@ -270,11 +271,12 @@ def _jsonl_texts(path: Path) -> Iterable[str]:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
+            where = f"{path}:{line_no}"
             try:
                 row = json.loads(line)
-            except ValueError:
-                raise DatastoreError(f"{path}:{line_no} is not valid JSON", "one JSON object per line") from None
-            where = f"{path}:{line_no}"
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+                raise DatastoreError(f"{where} is not valid JSON (or nested too deeply)",
+                                     "one JSON object per line") from None
             if not isinstance(row, dict):
                 raise DatastoreError(f"{where} is a JSON {type(row).__name__}, not an object",
                                      'one object per line: {"messages": [...]} or {"text": "..."}')
@@ -283,13 +285,25 @@ def _jsonl_texts(path: Path) -> Iterable[str]:
                 if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
                     raise DatastoreError(f"{where}: 'messages' is not a list of message objects",
                                          'e.g. {"messages": [{"role": "user", "content": "..."}]}')
-                for message in messages:
-                    if message.get("content"):
-                        yield str(message["content"])
+                texts = [_text_of(m.get("content"), where) for m in messages]
             else:
-                text = row.get("text") or "".join(str(row.get(k, "")) for k in ("prompt", "completion"))
-                if text:
-                    yield text
+                texts = ["".join(_text_of(row.get(k), where) for k in ("text", "prompt", "completion"))]
+            yield from (text for text in texts if text)
+
+
+def _text_of(content, where: str) -> str:
+    """A message's content as text: a string, or the text of OpenAI-style content parts; else an error."""
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        content = "".join(p for p in parts if isinstance(p, str)) if len(parts) == len(content) else None
+    if content is None:
+        return ""
+    if not isinstance(content, str):
+        raise DatastoreError(f"{where}: a text or content field is a JSON {type(content).__name__}, not text",
+                             'text fields are strings, e.g. {"role": "user", "content": "..."}')
+    if not is_text(content):
+        raise DatastoreError(f"{where} holds a lone surrogate (not valid Unicode text)", "write the file as UTF-8 text")
+    return content
 
 
 def build_datastore(paths: Sequence[str | os.PathLike], tokenizer, out: str | os.PathLike, *,
