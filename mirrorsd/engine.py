@@ -16,6 +16,7 @@ from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import CausalLM, Drafter, DraftModel, LearningDrafter, TokenLogprob
 from mirrorsd.errors import ConfigError, EngineBusyError, EngineClosedError, PromptError
 from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
+from mirrorsd.text_stream import StreamingText
 from mirrorsd.runtime.backends import eos_ids as eos_ids_of
 from mirrorsd.runtime.backends import load_lm
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
@@ -325,7 +326,7 @@ class Engine:
             cached = min(self.verifier.cached_prefix(ids), len(ids) - 1)
             recorder = StatsRecorder(len(ids), timeline, mode, self.verifier.backend, chain, cached,
                                      exact=self.drafter is None or self.verifier.exact_batches)
-            text = _TextAssembler(self.tokenizer, cfg.stop)
+            text = StreamingText(self.tokenizer, cfg.stop)
             tokens: list[int] = []
             from_draft: list[bool] = []
             logprobs: list[TokenLogprob] | None = None if cfg.logprobs is None else []
@@ -411,39 +412,6 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class _TextAssembler:
-    """Incremental detokenisation with stop strings: never emits half a UTF-8 character, nor text
-    that might turn out to be the start of a stop string."""
-
-    def __init__(self, tokenizer, stops: tuple[str, ...]) -> None:
-        self.tokenizer = tokenizer
-        self.stops = stops
-        self.hold = max((len(s) for s in stops), default=1) - 1
-        self.ids: list[int] = []
-        self.text = ""
-        self.emitted = 0
-
-    def push(self, token: int) -> tuple[str, bool]:
-        self.ids.append(token)
-        self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        for stop in self.stops:
-            at = self.text.find(stop, max(0, self.emitted - len(stop)))
-            if at >= 0:
-                self.text = self.text[:at]
-                return self.flush(), True
-        end = len(self.text) - self.hold
-        while end > self.emitted and self.text[end - 1] == "\ufffd":  # a character still incomplete
-            end -= 1
-        if end <= self.emitted:
-            return "", False
-        delta, self.emitted = self.text[self.emitted:end], end
-        return delta, False
-
-    def flush(self) -> str:
-        delta, self.emitted = self.text[self.emitted:], len(self.text)
-        return delta
 
 
 class _RequestLock:
