@@ -9,7 +9,10 @@ from typing import Annotated, Optional
 
 import typer
 
+from mirrorsd.config import GenerationConfig
 from mirrorsd.errors import MirrorsdError
+
+DEFAULTS = GenerationConfig()  # the CLI's defaults are the SDK's
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Lossless speculative decoding on one machine's chips.")
@@ -77,15 +80,15 @@ def generate(
     draft: Annotated[str, typer.Option(help="auto | ngram | retrieval[:DIR] | chain[:DIR] | none | a draft model "
                                             "(catalog name, folder, .gguf) | an export folder "
                                             "(mirrorsd export).")] = "auto",
-    max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 256,
-    temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 samples.")] = 0.0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (1.0 = off).")] = 1.0,
-    top_k: Annotated[int, typer.Option(help="Keep the k likeliest tokens (0 = off).")] = 0,
-    repetition_penalty: Annotated[float, typer.Option(help="> 1 discourages repeats.")] = 1.0,
-    presence_penalty: Annotated[float, typer.Option(help="OpenAI's presence penalty, -2..2.")] = 0.0,
-    frequency_penalty: Annotated[float, typer.Option(help="OpenAI's frequency penalty, -2..2.")] = 0.0,
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = DEFAULTS.max_new_tokens,
+    temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 samples.")] = DEFAULTS.temperature,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (1.0 = off).")] = DEFAULTS.top_p,
+    top_k: Annotated[int, typer.Option(help="Keep the k likeliest tokens (0 = off).")] = DEFAULTS.top_k,
+    repetition_penalty: Annotated[float, typer.Option(help="> 1 discourages repeats.")] = DEFAULTS.repetition_penalty,
+    presence_penalty: Annotated[float, typer.Option(help="OpenAI's presence penalty, -2..2.")] = DEFAULTS.presence_penalty,
+    frequency_penalty: Annotated[float, typer.Option(help="OpenAI's frequency penalty, -2..2.")] = DEFAULTS.frequency_penalty,
     seed: Annotated[Optional[int], typer.Option(help="Seed for sampling.")] = None,
-    num_draft_tokens: Annotated[int, typer.Option("--k", help="Draft tokens per step (start value if adaptive).")] = 8,
+    num_draft_tokens: Annotated[int, typer.Option("--k", help="Draft tokens per step (start value if adaptive).")] = DEFAULTS.num_draft_tokens,
     stop: Annotated[Optional[list[str]], typer.Option(help="Stop string (repeatable).")] = None,
     device: Annotated[str, typer.Option("--verifier-device", "--device",
                                         help="Target (verifier) device: auto | cpu | cuda[:N] | mps | xpu.")] = "auto",
@@ -97,12 +100,12 @@ def generate(
     draft_backend: DraftBackend = None,
     raw: Annotated[bool, typer.Option(help="Use the prompt as raw text, no chat template.")] = False,
     pipeline: Annotated[str, typer.Option(help="auto | sequential | overlap | branches (how drafting and "
-                                               "verification are scheduled; output is the same).")] = "auto",
+                                               "verification are scheduled; output is the same).")] = DEFAULTS.pipeline,
     early_exit_layer: Annotated[Optional[int], typer.Option(help="l_e for branch hints (default: 4/5 of the depth).")] = None,
-    branch_width: Annotated[int, typer.Option(help="kappa: branch candidates per draft position.")] = 3,
+    branch_width: Annotated[int, typer.Option(help="kappa: branch candidates per draft position.")] = DEFAULTS.branch_width,
     branch_source: Annotated[str, typer.Option(help="auto | early_exit | draft: where branches take their "
                                                     "candidates (the target's early exit or the draft's own top-k).")
-                             ] = "auto",
+                             ] = DEFAULTS.branch_source,
     trace: Annotated[Optional[str], typer.Option(help="Write the request's draft/verify timeline to this "
                                                       "file (Chrome trace JSON: open in Perfetto or chrome://tracing).")] = None,
     json_schema: Annotated[Optional[str], typer.Option(help="Structured output: the reply is JSON valid against the "
@@ -195,7 +198,7 @@ def bench(
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = 64,
     repeats: Annotated[int, typer.Option(help="Runs per configuration and prompt, interleaved (median taken).")] = 2,
     k: Annotated[int, typer.Option("--k", help="Draft tokens per step for our drafters (the start value "
-                                                                  "where K adapts).")] = 8,
+                                                                  "where K adapts).")] = DEFAULTS.num_draft_tokens,
     dtype: Annotated[str, typer.Option(help="Model dtype for every configuration: float32 | bfloat16 | float16.")] = "float32",
     draft_export: Annotated[Optional[str], typer.Option(help="An export folder (`mirrorsd export`) for the "
                                                              "exported-draft rows, on the backend placement picks.")] = None,

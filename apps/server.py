@@ -24,7 +24,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 import uvicorn
@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mirrorsd.apps.chat_session import describe_error
-from mirrorsd.config import GenerationConfig, is_text
+from mirrorsd.config import GenerationConfig, SamplingParams, is_text
 from mirrorsd.errors import ConfigError, MirrorsdError
 from mirrorsd.results import FinishEvent, GenerationResult, TokenEvent
 
@@ -80,6 +80,9 @@ class OpenAIError(Exception):
 # parallel_tool_calls without tools, and any other unknown field.
 
 REFUSED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "prediction", "audio", "suffix")
+
+
+SAMPLING_FIELDS = [f.name for f in fields(SamplingParams)]  # the request fields that set them, same names
 
 
 def _refused(extra: dict) -> list[str]:
@@ -414,14 +417,11 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
         ids = engine.encode(prompt)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         try:
+            given = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None}
             config = GenerationConfig(
-                max_new_tokens=wanted or limits.max_tokens,
-                temperature=1.0 if body.temperature is None else body.temperature,  # OpenAI's default
-                top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
-                repetition_penalty=body.repetition_penalty or 1.0, presence_penalty=body.presence_penalty or 0.0,
-                frequency_penalty=body.frequency_penalty or 0.0, seed=body.seed, stop=stop,
+                max_new_tokens=wanted or limits.max_tokens, stop=stop,
                 json_schema=body.response_format and body.response_format.schema_or_none(),
-                logprobs=body.top_logprobs_wanted())
+                logprobs=body.top_logprobs_wanted(), **{"temperature": 1.0, **given})  # 1.0: OpenAI's default
             engine.constraint(config)  # a grammar that does not compile is this request's 400, not a 500 later
         except MirrorsdError as exc:
             raise OpenAIError(400, str(exc), code="invalid_value") from exc

@@ -171,13 +171,14 @@ class GenerationConfig:
     max_new_tokens: int = 256
     """Most tokens to generate. Generation also stops at EOS, at a stop string, or at the context limit."""
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
+    # The two parts' fields, flat; each default is declared once, in its part.
+    temperature: float = SamplingParams.temperature
+    top_k: int = SamplingParams.top_k
+    top_p: float = SamplingParams.top_p
+    repetition_penalty: float = SamplingParams.repetition_penalty
+    presence_penalty: float = SamplingParams.presence_penalty
+    frequency_penalty: float = SamplingParams.frequency_penalty
+    seed: int | None = SamplingParams.seed
 
     stop: tuple[str, ...] = ()
     """Stop strings: generation ends when the text contains one; it is not included in the result. A single
@@ -197,14 +198,14 @@ class GenerationConfig:
     """Return the target's log-probability of each generated token and of its `logprobs` likeliest
     alternatives (0: the chosen token's only; None: off). At most 20, as OpenAI's API."""
 
-    num_draft_tokens: int = 8
-    adaptive_k: bool = True
-    max_draft_tokens: int = 16
-    pipeline: str = "auto"
-    early_exit_layer: int | None = None
-    branch_width: int = 3
-    branch_source: str = "auto"
-    draft_timeout_s: float = 30.0
+    num_draft_tokens: int = SpeculativeConfig.num_draft_tokens
+    adaptive_k: bool = SpeculativeConfig.adaptive_k
+    max_draft_tokens: int = SpeculativeConfig.max_draft_tokens
+    pipeline: str = SpeculativeConfig.pipeline
+    early_exit_layer: int | None = SpeculativeConfig.early_exit_layer
+    branch_width: int = SpeculativeConfig.branch_width
+    branch_source: str = SpeculativeConfig.branch_source
+    draft_timeout_s: float = SpeculativeConfig.draft_timeout_s
 
     sampling: SamplingParams = field(init=False, repr=False, compare=False)
     speculative: SpeculativeConfig = field(init=False, repr=False, compare=False)

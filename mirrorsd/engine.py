@@ -324,7 +324,8 @@ class Engine:
             chain = tuple(d.name for d in self.drafter.drafters) if isinstance(self.drafter, ChainDrafter) else ()
             # prompt caching: the prefix this request shares with the cache (at least one token is always fed)
             cached = min(self.verifier.cached_prefix(ids), len(ids) - 1)
-            recorder = StatsRecorder(len(ids), timeline, mode, self.verifier.backend, chain, cached,
+            recorder = StatsRecorder(timeline, prompt_tokens=len(ids), cached_prompt_tokens=cached, pipeline=mode,
+                                     backend=self.verifier.backend, chain=chain,
                                      exact=self.drafter is None or self.verifier.exact_batches)
             text = StreamingText(self.tokenizer, cfg.stop)
             tokens: list[int] = []
@@ -364,7 +365,7 @@ class Engine:
                         self.drafter.finish(ids, tokens)
                     except Exception as exc:  # learning is best-effort; the reply is already right
                         log.warning("drafter %r could not learn from the request: %s", self.drafter, exc)
-            recorder.generated = len(tokens)
+            recorder.values["generated_tokens"] = len(tokens)  # a stop string may end the reply mid-step
             if trace:
                 timeline.write_chrome_trace(trace)
             tail = text.flush()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -163,102 +163,71 @@ class GenerationStats:
 
 
 class StatsRecorder:
-    """Accumulates Steps (and the request's timeline of draft/verify work) into GenerationStats."""
+    """Accumulates Steps (and the request's timeline of draft/verify work) into GenerationStats: one running
+    value per GenerationStats field, updated in place; snapshot() freezes them (fields are declared once,
+    in GenerationStats). `fixed`: the request's own fields (prompt_tokens, pipeline, backend, ...)."""
 
-    def __init__(self, prompt_tokens: int, timeline=None, pipeline: str = "sequential", backend: str = "",
-                 chain: tuple[str, ...] = (), cached_prompt_tokens: int = 0, exact: bool = True) -> None:
-        self.prompt_tokens = prompt_tokens
-        self.cached_prompt_tokens = cached_prompt_tokens
-        self.chain = chain
+    def __init__(self, timeline=None, **fixed) -> None:
         self.timeline = timeline
-        self.pipeline = pipeline
-        self.backend = backend
-        self.exact = exact
-        self.branch_hits = self.branch_misses = 0
-        self.branch_source = ""
-        self.hinted = self.hinted_rejections = self.hinted_covered = 0
-        self.branches_planned = self.branches_ready = self.branch_plans_late = 0
-        self.branch_states: Counter[str] = Counter()
-        self.generated = self.steps = self.drafted = self.accepted = 0
-        self.draft_time = self.verify_time = 0.0
-        self.pos_drafted: list[int] = []
-        self.pos_accepted: list[int] = []
-        self.drafters: Counter[str] = Counter()
-        self.drafter_tokens: dict[str, tuple[int, int]] = {}
-        self.fallbacks: list[str] = []
+        self.values: dict = {}
+        for f in fields(GenerationStats):
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            # containers accumulate as their mutable kind: tuples as lists, dicts as Counters
+            self.values[f.name] = list(default) if isinstance(default, tuple) else Counter() if isinstance(
+                default, dict) else default
+        unknown = set(fixed) - set(self.values)
+        if unknown:
+            raise TypeError(f"not GenerationStats fields: {sorted(unknown)}")
+        self.values.update({name: list(v) if isinstance(v, tuple) else v for name, v in fixed.items()})
 
     def add(self, step, committed_tokens: int) -> None:
-        self.steps += 1
-        self.generated += committed_tokens
-        self.drafted += step.n_drafted
-        self.accepted += step.n_accepted
-        self.draft_time += step.draft_time
-        self.verify_time += step.verify_time
-        self.drafters[step.source] += 1
+        s = self.values
+        s["verify_steps"] += 1
+        s["generated_tokens"] += committed_tokens
+        s["drafted_tokens"] += step.n_drafted
+        s["accepted_tokens"] += step.n_accepted
+        s["draft_time_s"] += step.draft_time
+        s["verify_time_s"] += step.verify_time
+        s["drafters"][step.source] += 1
         if step.n_drafted:
-            add_drafter_tokens(self.drafter_tokens, step.source, step.n_drafted, step.n_accepted)
+            add_drafter_tokens(s["drafter_tokens"], step.source, step.n_drafted, step.n_accepted)
         if step.fallback:
-            self.fallbacks.append(step.fallback)
-        self.branch_hits += step.branch == "hit"
-        self.branch_misses += step.branch == "miss"
+            s["fallbacks"].append(step.fallback)
+        s["branch_hits"] += step.branch == "hit"
+        s["branch_misses"] += step.branch == "miss"
         if step.hint is not None:
             self._add_hint(step.hint)
-        while len(self.pos_drafted) < step.n_drafted:
-            self.pos_drafted.append(0)
-            self.pos_accepted.append(0)
+        drafted, accepted = s["per_position_drafted"], s["per_position_accepted"]
+        while len(drafted) < step.n_drafted:
+            drafted.append(0)
+            accepted.append(0)
         for i in range(step.n_drafted):
-            self.pos_drafted[i] += 1
-            self.pos_accepted[i] += i < step.n_accepted
+            drafted[i] += 1
+            accepted[i] += i < step.n_accepted
 
     def _add_hint(self, hint) -> None:
-        self.branch_source = hint.source
-        self.hinted += 1
+        s = self.values
+        s["branch_source"] = hint.source
+        s["hinted_steps"] += 1
         if hint.rejected_at is not None:
-            self.hinted_rejections += 1
-            self.hinted_covered += hint.covered
-            self.branch_states[hint.state] += 1
+            s["hinted_rejections"] += 1
+            s["hinted_covered"] += hint.covered
+            s["branch_states"][hint.state] += 1
         if hint.planned is None:
-            self.branch_plans_late += 1
+            s["branch_plans_late"] += 1
         else:
-            self.branches_planned += hint.planned
-            self.branches_ready += hint.ready
+            s["branches_planned"] += hint.planned
+            s["branches_ready"] += hint.ready
 
     def snapshot(self, total_time: float) -> GenerationStats:
-        draft_time, verify_time, hidden = self.draft_time, self.verify_time, 0.0
+        frozen = {name: tuple(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
+                  for name, v in self.values.items()}
+        frozen["total_time_s"] = total_time
         if self.timeline is not None:  # measured busy time per worker, overlap included
             busy = self.timeline.busy
-            draft_time, verify_time, hidden = busy["draft"], busy["verify"], self.timeline.overlap
-        return GenerationStats(
-            prompt_tokens=self.prompt_tokens,
-            cached_prompt_tokens=self.cached_prompt_tokens,
-            generated_tokens=self.generated,
-            verify_steps=self.steps,
-            drafted_tokens=self.drafted,
-            accepted_tokens=self.accepted,
-            draft_time_s=draft_time,
-            verify_time_s=verify_time,
-            draft_hidden_s=hidden,
-            total_time_s=total_time,
-            per_position_drafted=tuple(self.pos_drafted),
-            per_position_accepted=tuple(self.pos_accepted),
-            drafters=dict(self.drafters),
-            drafter_tokens=dict(self.drafter_tokens),
-            chain=self.chain,
-            fallbacks=tuple(self.fallbacks),
-            pipeline=self.pipeline,
-            backend=self.backend,
-            exact=self.exact,
-            branch_hits=self.branch_hits,
-            branch_misses=self.branch_misses,
-            branch_source=self.branch_source,
-            hinted_steps=self.hinted,
-            hinted_rejections=self.hinted_rejections,
-            hinted_covered=self.hinted_covered,
-            branches_planned=self.branches_planned,
-            branches_ready=self.branches_ready,
-            branch_plans_late=self.branch_plans_late,
-            branch_states=dict(self.branch_states),
-        )
+            frozen.update(draft_time_s=busy["draft"], verify_time_s=busy["verify"],
+                          draft_hidden_s=self.timeline.overlap)
+        return GenerationStats(**frozen)
 
 
 @dataclass(frozen=True)

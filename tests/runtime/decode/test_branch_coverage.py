@@ -193,7 +193,7 @@ def test_a_lookahead_without_its_bonus_guess_outranks_unlikely_branches():
 
 
 def test_stats_add_up_hinted_steps():
-    rec = StatsRecorder(3, pipeline="branches")
+    rec = StatsRecorder(prompt_tokens=3, pipeline="branches")
 
     def step(n_drafted, n_accepted, branch, hint):
         return Step([1] * (n_accepted + 1), n_drafted, n_accepted, "torch:cpu", 0.0, 0.1, None, branch, None, hint)
@@ -212,7 +212,7 @@ def test_stats_add_up_hinted_steps():
     assert s.branch_states == {"ready": 1, "queued": 1, "none": 1} and s.branch_source == "draft"
     d = s.to_dict()
     assert d["branch_coverage"] == pytest.approx(2 / 3) and d["branches_ready_share"] == pytest.approx(5 / 8)
-    empty = StatsRecorder(3).snapshot(1.0)
+    empty = StatsRecorder(prompt_tokens=3).snapshot(1.0)
     assert empty.branch_coverage is None and empty.branches_ready_share is None
 
 
