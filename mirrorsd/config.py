@@ -104,7 +104,7 @@ class SpeculativeConfig:
 
     pipeline: str = "auto"
     """How drafting and verification are scheduled:
-    "sequential": draft, then verify, on one thread (runtime/decode/sequential.py);
+    "sequential": draft, then verify, on one thread (runtime/decode/loop.py, InlineProvider);
     "overlap": a draft worker thread drafts step t+1 while the target verifies step t, assuming step t
     is fully accepted (runtime/decode/pipeline.py);
     "branches": overlap plus Mirror-SD early exit: the verify pass publishes its layer-l_e top-kappa

@@ -24,7 +24,7 @@ from mirrorsd.runtime.decode import verify_curve
 from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs, calibrate
 from mirrorsd.runtime.decode.pipeline import branch_source, pipelined_decode
 from mirrorsd.runtime.decode.schedule import uses_cost_schedule
-from mirrorsd.runtime.decode.sequential import speculative_decode
+from mirrorsd.runtime.decode.loop import speculative_decode
 from mirrorsd.runtime.decode.threads import CorePins, cpu_draft_threads, overlap_threads, pinned
 from mirrorsd.runtime.drafters.chain import ChainDrafter
 from mirrorsd.runtime.drafters.factory import fallback_for, make_drafter

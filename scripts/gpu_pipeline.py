@@ -1,4 +1,4 @@
-"""The pipeline with the verifier on a GPU and the draft on the CPU (issue #16, item 3): sequential / overlap /
+"""The pipeline with the verifier on a GPU and the draft on the CPU: sequential / overlap /
 branches side by side in one run, tokens/s, hidden draft share and greedy equality with target-only
 decoding on the same GPU.
 

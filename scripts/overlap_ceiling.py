@@ -3,7 +3,7 @@ the acceptance rate alpha and the draft's cost per token c (its sequential row's
 token over the target-only row's time per token), put through the pipeline's cost model
 (runtime/decode/speedup.py: a step that lands on the lookahead costs max(K c, verify); the step after any
 other waits for K fresh tokens, K c + verify, or with short fresh steps for its best fresh_k), each mode at
-its best K. Why: docs/pipeline.md (issue #16's overlap goal against a cheap draft).
+its best K. Why: docs/pipeline.md (the overlap goal against a cheap draft).
 
     .venv/bin/python scripts/overlap_ceiling.py docs/bench-pinned/report.json [--growth 0 0.065]
 """

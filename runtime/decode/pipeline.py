@@ -43,8 +43,9 @@ from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, HintOutcom
 from mirrorsd.runtime.decode.branches import Hint
 from mirrorsd.runtime.decode.estimates import AcceptanceEstimate, Ema
 from mirrorsd.runtime.decode.lookahead import Lookahead, StepBranches, drain, fill
+from mirrorsd.runtime.decode.loop import decode
 from mirrorsd.runtime.decode.speedup import expected_tokens_per_step
-from mirrorsd.runtime.decode.step import DraftSource, Outcome, StepCore, drop_message, make_step
+from mirrorsd.runtime.decode.step import DraftSource, Outcome, StepCore, drop_message
 from mirrorsd.runtime.decode.threads import CoreSharing
 from mirrorsd.runtime.decode.worker import Advance, DraftWorker, Rebase
 from mirrorsd.runtime.timeline import Timeline
@@ -84,7 +85,7 @@ def pipelined_decode(
     constraint: GrammarConstraint | None = None,
     draft_core: int | None = None,
 ) -> Iterator[Step]:
-    """Like speculative_decode (same Steps, same output), with drafting on a second worker.
+    """The loop (loop.decode: same Steps, same output as sequential decoding) with drafting on a second worker.
 
     branches: use Mirror-SD early-exit branches when the target declares early exit.
     fallback: a cheap drafter run inline per step where it pays, and for good once the pipelined one
@@ -92,26 +93,12 @@ def pipelined_decode(
     constraint: the request's grammar (structured output), if any. draft_core: the CPU core the draft side
     (the worker and the inline drafter) runs on (CorePins); threads is then None."""
     core = StepCore(verifier, prompt_ids, config, max_new_tokens, timeline, overlapped=True, constraint=constraint)
-    pipe = _Pipeline(core, drafter, fallback, branches, threads, draft_core)
-    try:
-        while not core.done:
-            start = time.perf_counter()
-            budget = core.budget()
-            draft, quick = pipe.pick_draft(budget)
-            draft = core.constrain(draft, budget)
-            exit_request = pipe.early_exit(draft, quick)
-            outcome = core.verify(draft, exit_request)
-            core.commit(outcome)
-            pipe.learn(draft, quick, outcome, outcome.start - start)  # first: the worker drafts for the new K
-            branch, hint = pipe.reconcile(outcome)
-            yield make_step(draft, outcome, outcome.start - start, pipe.take_fault(), branch, hint)
-    finally:
-        pipe.close()
+    yield from decode(core, PipelinedProvider(core, drafter, fallback, branches, threads, draft_core))
 
 
-class _Pipeline:
-    """The verify worker's side of one request: the draft worker and the lookahead it fills, the inline
-    model-free drafter, the early-exit plan and the CPU threads."""
+class PipelinedProvider:
+    """The verify worker's side of one request (a loop.DraftProvider): the draft worker and the lookahead it
+    fills, the inline model-free drafter, the early-exit plan and the CPU threads."""
 
     def __init__(self, core: StepCore, drafter: Drafter | None, fallback: Drafter | None, branches: bool,
                  threads: tuple[int, int] | None, draft_core: int | None = None) -> None:
@@ -129,6 +116,7 @@ class _Pipeline:
         early_exit = verifier.early_exit if self.source == "early_exit" else None
         self.exit_layer = (config.early_exit_layer or default_exit_layer(early_exit.num_layers)) if early_exit else 0
         self.hint: Hint | None = None  # this step's, once sent to the worker
+        self.quick = False  # this step's draft is the inline drafter's quick one
         self.fault = None
         self.worker: DraftWorker | None = None
         self.sharing: CoreSharing | None = None
@@ -136,7 +124,17 @@ class _Pipeline:
         if drafter is not None:
             self._start_worker(drafter, threads)
 
-    # -- named steps -------------------------------------------------------------------------------
+    # -- the provider's steps -----------------------------------------------------------------------
+
+    def draft(self) -> tuple[Draft, ExitRequest | None]:
+        budget = self.core.budget()
+        draft, self.quick = self.pick_draft(budget)
+        draft = self.core.constrain(draft, budget)
+        return draft, self.early_exit(draft, self.quick)
+
+    def learn(self, draft: Draft, outcome: Outcome, waited: float) -> tuple[str | None, HintOutcome | None]:
+        self.update_estimates(draft, self.quick, outcome, waited)  # first: the worker drafts for the new K
+        return self.reconcile(outcome)
 
     def pick_draft(self, budget: int) -> tuple[Draft, bool]:
         """This step's draft, and whether it is the inline drafter's quick one: the lookahead (waiting
@@ -209,7 +207,7 @@ class _Pipeline:
                            branches.state((at, correction)),
                            None if branches.planned is None else len(branches.planned), branches.ready)
 
-    def learn(self, draft: Draft, quick: bool, outcome: Outcome, waited: float) -> None:
+    def update_estimates(self, draft: Draft, quick: bool, outcome: Outcome, waited: float) -> None:
         """The step core's estimators (the quick steps feed only the inline drafter's acceptance)."""
         if self.core.generated > len(outcome.tokens):  # the first step carries the prompt prefill
             self.verify_seconds.update(outcome.seconds)

@@ -1,6 +1,6 @@
 """The step core: what every decode loop does around one verify step, written once.
 
-A loop (sequential.py, pipeline.py) decides only *where a draft comes from* and *when*. Everything else
+A draft provider (loop.py, pipeline.py) decides only *where a draft comes from* and *when*. Everything else
 is here: the draft budget, checked drafting with fallback (`DraftSource`), the verify pass and the
 lossless `verify` call, committing, the estimators (K schedule, speculation gate) and the `Step` record.
 """

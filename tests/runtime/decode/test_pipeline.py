@@ -424,7 +424,7 @@ def test_the_first_step_prefills_the_target_while_the_worker_drafts(target_model
     """Overlapped with the cost-aware schedule, the request's first step verifies no draft (the prompt prefill
     runs beside the draft's); the sequential loop and seeded sampling draft at once, as before."""
     from mirrorsd.runtime.decode.pipeline import pipelined_decode
-    from mirrorsd.runtime.decode.sequential import speculative_decode
+    from mirrorsd.runtime.decode.loop import speculative_decode
 
     prompt = tokenizer(PROMPTS[0])["input_ids"]
     cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=4)

@@ -1,0 +1,97 @@
+"""The draft-verify loop: the whole of speculative decoding in one generator, for every mode.
+
+Each step: a draft provider hands over up to K drafted tokens (none while the gate has measured that
+drafting does not pay), the target scores the last committed token plus the draft in one forward pass,
+`verify` keeps the accepted prefix plus one target token, the tokens are committed, and the provider
+learns where the step landed. Rollback is implicit: the verifier's next `score` truncates its KV cache to
+the committed history, and drafters reconcile against it the same way. The step's bookkeeping is the step
+core's (step.py).
+
+Providers differ only in where a draft comes from and when:
+- `InlineProvider`: the drafter runs between verify passes, on this thread's schedule ("sequential").
+- `PipelinedProvider` (pipeline.py): a draft worker drafts ahead while the target verifies ("overlap",
+  "branches").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+from mirrorsd.config import GenerationConfig
+from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, HintOutcome, Step
+from mirrorsd.runtime.decode.step import DraftSource, Outcome, StepCore, make_step
+from mirrorsd.runtime.timeline import Timeline
+from mirrorsd.structured import GrammarConstraint
+
+
+class DraftProvider(Protocol):
+    """Where a step's draft comes from."""
+
+    def draft(self) -> tuple[Draft, ExitRequest | None]:
+        """This step's draft, within the step core's budget and grammar, and the early-exit request to
+        publish branch candidates through (None: none)."""
+
+    def learn(self, draft: Draft, outcome: Outcome, waited: float) -> tuple[str | None, HintOutcome | None]:
+        """After commit: update the estimators and the drafter with where the step landed (`waited`: the
+        seconds from the step's start to its verify pass). Returns the step's branch result and hint record."""
+
+    def take_fault(self) -> str | None:
+        """The reason a drafter was dropped during this step, once."""
+
+    def close(self) -> None:
+        """Stop whatever the provider started (threads, the drafter's request)."""
+
+
+def decode(core: StepCore, provider: DraftProvider) -> Iterator[Step]:
+    """Yield Steps until the core's max_new_tokens are committed (the caller stops early on EOS / stop strings)."""
+    try:
+        while not core.done:
+            start = time.perf_counter()
+            draft, exit_request = provider.draft()
+            outcome = core.verify(draft, exit_request)
+            core.commit(outcome)
+            waited = outcome.start - start
+            branch, hint = provider.learn(draft, outcome, waited)
+            yield make_step(draft, outcome, waited, provider.take_fault(), branch, hint)
+    finally:
+        provider.close()
+
+
+class InlineProvider:
+    """Drafts between verify passes on the calling thread's schedule (the drafter itself runs on a helper
+    thread, so that a hung one can be abandoned: DraftSource). A drafter that fails is dropped for the
+    request; `fallback` (if any) drafts from then on."""
+
+    def __init__(self, core: StepCore, drafter: Drafter | None, fallback: Drafter | None = None,
+                 draft_core: int | None = None) -> None:
+        self.core = core
+        self.source = DraftSource(drafter, fallback, core.config, core.verifier.vocab_size, core.timeline, draft_core)
+
+    def draft(self) -> tuple[Draft, ExitRequest | None]:
+        budget = self.core.budget() if self.source.active else 0
+        return self.core.constrain(self.source.propose(self.core.committed, budget), budget), None
+
+    def learn(self, draft: Draft, outcome: Outcome, waited: float) -> tuple[str | None, HintOutcome | None]:
+        self.source.accepted(self.core.committed, outcome.n_accepted)
+        self.core.learn(len(draft.tokens), waited, outcome, waited + outcome.seconds)
+        return None, None
+
+    def take_fault(self) -> str | None:
+        return self.source.take_fault()
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def speculative_decode(verifier: CausalLM, drafter: Drafter | None, prompt_ids: Sequence[int],
+                       config: GenerationConfig, max_new_tokens: int, timeline: Timeline | None = None,
+                       fallback: Drafter | None = None, constraint: GrammarConstraint | None = None,
+                       draft_core: int | None = None) -> Iterator[Step]:
+    """The loop with an InlineProvider ("sequential"). constraint: the request's grammar (structured output):
+    drafts stop at a forbidden token and the target's distribution is the grammar-masked one. draft_core: the
+    CPU core the drafter runs on (CorePins)."""
+    core = StepCore(verifier, prompt_ids, config, max_new_tokens, timeline, constraint=constraint)
+    yield from decode(core, InlineProvider(core, drafter, fallback, draft_core))  # a generator: nothing starts
+    # (no drafter thread) until the caller asks for the first step
