@@ -234,6 +234,13 @@ class GenerationConfig:
         return self.sampling.greedy
 
     @property
+    def reproducible(self) -> bool:
+        """Seeded sampling: the seed's random stream must give the same tokens on any machine, so nothing that
+        consumes it (which drafter serves a step, the draft length, the gate) may depend on timing. Greedy and
+        unseeded runs may adapt to measured speed freely (output is unchanged either way)."""
+        return not self.greedy and self.seed is not None
+
+    @property
     def structured(self) -> bool:
         return (self.json_schema, self.regex, self.grammar) != (None, None, None)
 

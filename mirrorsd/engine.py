@@ -22,9 +22,9 @@ from mirrorsd.runtime.backends import load_lm
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.runtime.decode import verify_curve
 from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs, calibrate
-from mirrorsd.runtime.decode.pipeline import branch_source, pipelined_decode
 from mirrorsd.runtime.decode.schedule import uses_cost_schedule
-from mirrorsd.runtime.decode.loop import speculative_decode
+from mirrorsd.runtime.decode.plan import DecodePlan, make_plan, run_plan
+from mirrorsd.runtime.decode.step import StepCore
 from mirrorsd.runtime.decode.threads import CorePins, cpu_draft_threads, overlap_threads, pinned
 from mirrorsd.runtime.drafters.chain import ChainDrafter
 from mirrorsd.runtime.drafters.factory import fallback_for, make_drafter
@@ -253,26 +253,15 @@ class Engine:
         """The mode `cfg.pipeline` resolves to with this drafter and target (see GenerationConfig). "auto" with a
         draft model: the mode a calibration on this placement measured faster (runtime/decode/calibrate.py;
         the first call per drafter and placement takes a few seconds, then `calibrations` holds it)."""
-        return self._pipeline_mode(cfg, self.calibration)
+        return self._plan(cfg, self.calibration).mode
 
-    def _pipeline_mode(self, cfg: GenerationConfig, calibration) -> str:
-        """pipeline_mode with the calibration to use: locking (between requests) or not (inside one)."""
+    def _plan(self, cfg: GenerationConfig, calibration) -> DecodePlan:
+        """The request's DecodePlan, with the calibration to use: locking (between requests) or not (inside one)."""
         mode = cfg.pipeline
-        if self.drafter is None:
-            return "sequential"
         if mode == "auto":
             mode = (calibration(cfg.num_draft_tokens).mode if isinstance(self.drafter, DraftModel)
                     else "sequential")
-        early_exit = self.verifier.early_exit
-        source = branch_source(self.verifier, self.drafter, cfg) if mode == "branches" else None
-        if mode == "branches" and source is None:  # no candidates: neither early exit nor a ranking draft
-            mode = "overlap"
-        if source == "early_exit" and cfg.early_exit_layer is not None and cfg.early_exit_layer >= early_exit.num_layers:
-            raise ConfigError(
-                f"early_exit_layer {cfg.early_exit_layer} is not inside {self.name}'s "
-                f"{early_exit.num_layers} layers",
-                f"pick a layer from 1 to {early_exit.num_layers - 1}, or None for 4/5 of the depth")
-        return mode
+        return make_plan(self.verifier, self.drafter, cfg, mode, self.pin_cores)
 
     def calibration(self, k: int) -> Costs:
         """Measured costs of this draft model beside this target on this placement: kept per engine, and for
@@ -299,17 +288,6 @@ class Engine:
             log.info("pipeline auto: %s", costs.to_dict())
         return self.calibrations[key]
 
-    def _steps(self, ids: list[int], cfg: GenerationConfig, budget: int, timeline: Timeline, mode: str,
-               constraint: GrammarConstraint | None):
-        draft_core = self.pin_cores.draft if self.pin_cores else None
-        if mode == "sequential":
-            return speculative_decode(self.verifier, self.drafter, ids, cfg, budget, timeline, self.fallback,
-                                      constraint, draft_core)
-        threads = None if self.pin_cores else overlap_threads(self.verifier, self.drafter)
-        return pipelined_decode(self.verifier, self.drafter, ids, cfg, budget, branches=mode == "branches",
-                                fallback=self.fallback, timeline=timeline, threads=threads, constraint=constraint,
-                                draft_core=draft_core)
-
     def _run(self, ids: list[int], cfg: GenerationConfig, trace: str | None,
              constraint: GrammarConstraint | None) -> Iterator[Event]:
         verify_core = self.pin_cores.verify if self.pin_cores else None
@@ -317,14 +295,14 @@ class Engine:
             self._check_open()
             start = time.perf_counter()
             budget = min(cfg.max_new_tokens, self.verifier.max_context - len(ids))
-            mode = self._pipeline_mode(cfg, self._calibration)
+            plan = self._plan(cfg, self._calibration)
             if self.drafter is not None and uses_cost_schedule(cfg):
                 verify_curve.ensure(self.verifier, cfg.max_draft_tokens)  # once per verifier: the K schedule's costs
             timeline = Timeline()
             chain = tuple(d.name for d in self.drafter.drafters) if isinstance(self.drafter, ChainDrafter) else ()
             # prompt caching: the prefix this request shares with the cache (at least one token is always fed)
             cached = min(self.verifier.cached_prefix(ids), len(ids) - 1)
-            recorder = StatsRecorder(timeline, prompt_tokens=len(ids), cached_prompt_tokens=cached, pipeline=mode,
+            recorder = StatsRecorder(timeline, prompt_tokens=len(ids), cached_prompt_tokens=cached, pipeline=plan.mode,
                                      backend=self.verifier.backend, chain=chain,
                                      exact=self.drafter is None or self.verifier.exact_batches)
             text = StreamingText(self.tokenizer, cfg.stop)
@@ -332,7 +310,9 @@ class Engine:
             from_draft: list[bool] = []
             logprobs: list[TokenLogprob] | None = None if cfg.logprobs is None else []
             finish = "length"
-            steps = self._steps(ids, cfg, budget, timeline, mode, constraint)
+            core = StepCore(self.verifier, ids, cfg, budget, timeline, overlapped=plan.mode != "sequential",
+                            constraint=constraint)
+            steps = run_plan(core, self.drafter, self.fallback, plan)
             try:
                 for index, step in enumerate(steps):
                     kept = step.tokens

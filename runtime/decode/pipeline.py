@@ -37,13 +37,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, HintOutcome, RankingDraftModel, Step
+from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, HintOutcome, Step
 from mirrorsd.runtime.decode.branches import Hint
 from mirrorsd.runtime.decode.estimates import AcceptanceEstimate, Ema
 from mirrorsd.runtime.decode.lookahead import Lookahead, StepBranches, drain, fill
 from mirrorsd.runtime.decode.loop import decode
+from mirrorsd.runtime.decode.plan import DecodePlan, make_plan
 from mirrorsd.runtime.decode.speedup import expected_tokens_per_step
 from mirrorsd.runtime.decode.step import DraftSource, Outcome, StepCore, drop_message
 from mirrorsd.runtime.decode.threads import CoreSharing
@@ -56,13 +58,6 @@ log = logging.getLogger("mirrorsd")
 MAX_DRAFT_ALPHA = 0.95
 """With the draft's candidates, branches are ranked with the running acceptance estimate as the chance to
 pass each position; capped so that a run of accepted steps does not rule rejections out."""
-
-
-def default_exit_layer(num_layers: int) -> int:
-    """l_e when the config leaves it open: 4/5 of the depth. On qwen2.5-coder-1.5b (28 layers) the early exit
-    at half depth had the correction of 0 of 33 rejections in its top-3, at layer 22 18 of them
-    (docs/branch-coverage.md): earlier layers do not know the answer yet."""
-    return max(1, num_layers * 4 // 5)
 
 
 MIN_MISS_FOR_BRANCHES = 0.5
@@ -93,16 +88,18 @@ def pipelined_decode(
     constraint: the request's grammar (structured output), if any. draft_core: the CPU core the draft side
     (the worker and the inline drafter) runs on (CorePins); threads is then None."""
     core = StepCore(verifier, prompt_ids, config, max_new_tokens, timeline, overlapped=True, constraint=constraint)
-    yield from decode(core, PipelinedProvider(core, drafter, fallback, branches, threads, draft_core))
+    plan = make_plan(verifier, drafter, config, "branches" if branches else "overlap")
+    plan = replace(plan, mode=plan.mode if drafter is not None else "overlap", threads=threads, draft_core=draft_core)
+    yield from decode(core, PipelinedProvider(core, drafter, fallback, plan))
 
 
 class PipelinedProvider:
     """The verify worker's side of one request (a loop.DraftProvider): the draft worker and the lookahead it
     fills, the inline model-free drafter, the early-exit plan and the CPU threads."""
 
-    def __init__(self, core: StepCore, drafter: Drafter | None, fallback: Drafter | None, branches: bool,
-                 threads: tuple[int, int] | None, draft_core: int | None = None) -> None:
+    def __init__(self, core: StepCore, drafter: Drafter | None, fallback: Drafter | None, plan: DecodePlan) -> None:
         config, verifier = core.config, core.verifier
+        threads, draft_core = plan.threads, plan.draft_core
         self.core, self.draft_core = core, draft_core
         self.inline = DraftSource(fallback, None, config, verifier.vocab_size, core.timeline, draft_core)
         self.look = Lookahead()
@@ -111,10 +108,8 @@ class PipelinedProvider:
         self.quick_acceptance = AcceptanceEstimate()  # the inline drafter's, on the steps it served
         # The inline drafter may serve any step; where that choice would depend on timing, a seeded
         # sampling run keeps to the model (it must reproduce).
-        self.choose = config.greedy or config.seed is None
-        self.source = branch_source(verifier, drafter, config) if branches else None
-        early_exit = verifier.early_exit if self.source == "early_exit" else None
-        self.exit_layer = (config.early_exit_layer or default_exit_layer(early_exit.num_layers)) if early_exit else 0
+        self.choose = not config.reproducible
+        self.source, self.exit_layer = plan.branch_source, plan.exit_layer
         self.hint: Hint | None = None  # this step's, once sent to the worker
         self.quick = False  # this step's draft is the inline drafter's quick one
         self.fault = None
@@ -308,17 +303,3 @@ class PipelinedProvider:
     def _restore_threads(self) -> None:
         if self.saved_threads is not None:
             self.core.verifier.threads.set_threads(self.saved_threads)
-
-
-def branch_source(verifier: CausalLM, drafter: Drafter | None, config: GenerationConfig) -> str | None:
-    """Where "branches" mode takes its candidates for this target, drafter and config (SpeculativeConfig.
-    branch_source): "draft" when asked for (or "auto") and the drafter ranks its tokens, "early_exit" when
-    asked for (or "auto") and the target declares early exit; None: the mode runs as "overlap"."""
-    source = config.branch_source
-    if config.branch_width <= 0:
-        return None
-    if source in ("draft", "auto") and isinstance(drafter, RankingDraftModel):
-        return "draft"
-    if source in ("early_exit", "auto") and verifier.early_exit is not None:
-        return "early_exit"
-    return None

@@ -172,7 +172,7 @@ class _LinearFit:
 def uses_cost_schedule(config: GenerationConfig) -> bool:
     """Whether K follows measured costs. Not where K must not depend on timing: fixed K (adaptive_k off)
     and seeded sampling, whose random stream must be reproducible."""
-    return config.adaptive_k and (config.seed is None or config.greedy)
+    return config.adaptive_k and not config.reproducible
 
 
 def make_schedule(config: GenerationConfig, overlapped: bool = False,

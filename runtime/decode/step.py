@@ -56,8 +56,7 @@ class StepCore:
         self.prompt_len = len(self.committed)
         self.max_new_tokens, self.generated = max_new_tokens, 0
         self.schedule = make_schedule(config, overlapped, curve=verify_curve.known(verifier))
-        # Timing-based switching would change which random numbers a seeded sampling run draws.
-        self.gate = SpeculationGate(enabled=config.greedy or config.seed is None)
+        self.gate = SpeculationGate(enabled=not config.reproducible)
 
     @property
     def done(self) -> bool:
