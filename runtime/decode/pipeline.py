@@ -46,7 +46,6 @@ from mirrorsd.runtime.decode.estimates import AcceptanceEstimate, Ema
 from mirrorsd.runtime.decode.lookahead import Lookahead, StepBranches, drain, fill
 from mirrorsd.runtime.decode.loop import decode
 from mirrorsd.runtime.decode.plan import DecodePlan, make_plan
-from mirrorsd.runtime.decode.speedup import expected_tokens_per_step
 from mirrorsd.runtime.decode.step import DraftSource, Outcome, StepCore, drop_message
 from mirrorsd.runtime.decode.threads import CoreSharing
 from mirrorsd.runtime.decode.worker import Advance, DraftWorker, Rebase
@@ -54,17 +53,6 @@ from mirrorsd.runtime.timeline import Timeline
 from mirrorsd.structured import GrammarConstraint
 
 log = logging.getLogger("mirrorsd")
-
-MAX_DRAFT_ALPHA = 0.95
-"""With the draft's candidates, branches are ranked with the running acceptance estimate as the chance to
-pass each position; capped so that a run of accepted steps does not rule rejections out."""
-
-
-MIN_MISS_FOR_BRANCHES = 0.5
-"""Early exit is requested only for steps predicted to leave the lookahead at least this often
-(1 - alpha^(k+1)): the LM head at l_e and the branch drafting cost time that a step landing on the
-lookahead does not repay (docs/measurements.md)."""
-
 
 def pipelined_decode(
     verifier: CausalLM,
@@ -106,9 +94,6 @@ class PipelinedProvider:
         self.fresh = True  # the lookahead was (re)started from the committed history since the last draft
         self.verify_seconds = Ema(0.7)
         self.quick_acceptance = AcceptanceEstimate()  # the inline drafter's, on the steps it served
-        # The inline drafter may serve any step; where that choice would depend on timing, a seeded
-        # sampling run keeps to the model (it must reproduce).
-        self.choose = not config.reproducible
         self.source, self.exit_layer = plan.branch_source, plan.exit_layer
         self.hint: Hint | None = None  # this step's, once sent to the worker
         self.quick = False  # this step's draft is the inline drafter's quick one
@@ -149,12 +134,12 @@ class PipelinedProvider:
         """When the step is likely to leave the lookahead, send the worker its branch candidates: the draft's
         own at once (branch_source "draft"), or the pass's early-exit top-kappa midway (the ExitRequest)."""
         self.hint = None
-        miss = 1.0 - self.core.alpha ** (len(draft.tokens) + 1)
-        if self.worker is None or not self.source or not draft.tokens or quick or miss < MIN_MISS_FOR_BRANCHES:
+        if (self.worker is None or not self.source or not draft.tokens or quick
+                or not self.core.policy.wants_branches(len(draft.tokens))):
             return None
         worker, config = self.worker, self.core.config
         hint_args = (len(self.core.committed), tuple(draft.tokens),
-                     time.perf_counter() + (self.verify_seconds.value or 0.0), max(1, self.core.schedule.k))
+                     time.perf_counter() + (self.verify_seconds.value or 0.0), max(1, self.core.policy.schedule.k))
 
         def publish(ids, logp, alpha: float | None = None) -> None:
             base, drafted, deadline, max_tokens = hint_args
@@ -165,7 +150,7 @@ class PipelinedProvider:
             k = len(draft.tokens)
             candidates = self.look.candidates(k) if self.look.tokens[:k] == draft.tokens else None
             if candidates is not None:
-                publish(*candidates, alpha=min(self.core.alpha, MAX_DRAFT_ALPHA))
+                publish(*candidates, alpha=self.core.policy.branch_alpha())
             return None
         return ExitRequest(self.exit_layer, config.branch_width, publish)
 
@@ -180,7 +165,7 @@ class PipelinedProvider:
         base = len(committed) - len(new)
         branches = drain(self.worker, self.look, base, base if hint else None)
         record = self._measure(hint, outcome, branches) if hint else None
-        limit = self._limit(self.core.schedule.k)
+        limit = self._limit(self.core.policy.schedule.k)
         if self.look.tokens[:len(new)] == new:
             self.look.advance(len(new))
             self.worker.draft_queue.put(Advance(len(committed), limit, outcome.n_accepted))
@@ -240,7 +225,7 @@ class PipelinedProvider:
             self.sharing = CoreSharing(verifier.threads, lambda: worker.drafting, threads)
         # Where the first step prefills the target alone, K is chosen from costs measured after it: the worker
         # may draft for the largest K meanwhile (its core is otherwise idle through the longest pass).
-        schedule = self.core.schedule
+        schedule = self.core.policy.schedule
         k = schedule.max_k if schedule.prefill_alone else schedule.k
         worker.draft_queue.put(Rebase(self.look.epoch, tuple(self.core.committed), (), self._limit(k), None))
 
@@ -252,7 +237,7 @@ class PipelinedProvider:
     def _quick_draft(self, budget: int) -> Draft | None:
         """The inline drafter's draft, made now, if verifying it promises more tokens per second than
         waiting for the lookahead (expected tokens per step, Leviathan, over the step's time)."""
-        if not (self.choose and self.inline.active and self.verify_seconds.value):
+        if not (self.core.policy.may_serve_quick() and self.inline.active and self.verify_seconds.value):
             return None
         drain(self.worker, self.look, len(self.core.committed), None)
         want = self._want(budget)
@@ -262,16 +247,15 @@ class PipelinedProvider:
         if not draft.tokens:
             return None
         wait = (want - len(self.look.tokens)) * (self.worker.token_seconds.value or 0.0)
-        verify_s = self.verify_seconds.value
-        model_rate = expected_tokens_per_step(self.core.alpha, want) / (wait + verify_s)
-        quick_rate = expected_tokens_per_step(self.quick_acceptance.alpha, len(draft.tokens)) / verify_s
-        return draft if quick_rate > model_rate else None
+        pays = self.core.policy.quick_pays(self.quick_acceptance.alpha, len(draft.tokens), want, wait,
+                                           self.verify_seconds.value)
+        return draft if pays else None
 
     def _want(self, budget: int) -> int:
         """How many lookahead tokens this step waits for: the whole budget; on a fresh lookahead (after a
         miss) the schedule's fresh_k; none at the request's first step where the schedule prefills the target
         alone. Seeded sampling's schedule does neither (reproducible drafts)."""
-        schedule = self.core.schedule
+        schedule = self.core.policy.schedule
         if self.core.generated == 0 and schedule.prefill_alone:
             return 0
         return min(budget, schedule.fresh_k) if self.fresh else budget

@@ -20,9 +20,8 @@ import numpy as np
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import (CausalLM, Draft, Drafter, ExitRequest, HintOutcome, Step, ThreadControl,
                                 TokenLogprob)
-from mirrorsd.runtime.decode.gate import SpeculationGate
 from mirrorsd.runtime.decode import verify_curve
-from mirrorsd.runtime.decode.schedule import make_schedule
+from mirrorsd.runtime.decode.policy import StepPolicy
 from mirrorsd.runtime.decode.threads import draft_control, leave_signals_to_the_main_thread, pinned
 from mirrorsd.runtime.timeline import DRAFT, VERIFY, Timeline
 from mirrorsd.rejection import verify
@@ -55,24 +54,17 @@ class StepCore:
         self.committed = list(prompt_ids)
         self.prompt_len = len(self.committed)
         self.max_new_tokens, self.generated = max_new_tokens, 0
-        self.schedule = make_schedule(config, overlapped, curve=verify_curve.known(verifier))
-        self.gate = SpeculationGate(enabled=not config.reproducible)
+        self.policy = StepPolicy(config, overlapped, curve=verify_curve.known(verifier))
 
     @property
     def done(self) -> bool:
         return self.generated >= self.max_new_tokens
 
-    @property
-    def alpha(self) -> float:
-        """The running per-token acceptance estimate of the model drafter."""
-        return self.schedule.acceptance.alpha
-
     def budget(self) -> int:
         """Draft tokens this step may carry (0: a plain decode step). The step commits at most k + 1
         tokens: never draft past the request's budget or the context, nor while the gate is closed."""
-        room = min(self.schedule.k, self.max_new_tokens - self.generated - 1,
-                   self.verifier.max_context - len(self.committed) - 1)
-        return room if room > 0 and self.gate.should_draft() else 0
+        return self.policy.draft_length(min(self.max_new_tokens - self.generated - 1,
+                                            self.verifier.max_context - len(self.committed) - 1))
 
     def constrain(self, draft: Draft, budget: int) -> Draft:
         """Under a grammar (structured output): the draft up to its first token the grammar forbids, or the
@@ -111,17 +103,11 @@ class StepCore:
 
     def learn(self, n_drafted: int, draft_seconds: float, outcome: Outcome, step_seconds: float,
               schedule: bool = True) -> None:
-        """Feed the estimators after commit(). schedule=False: the step was served by a drafter other
-        than the one the K schedule describes (the pipeline's quick model-free draft)."""
+        """Feed the policy after commit(). schedule=False: the step was served by a drafter other than the one
+        the K schedule describes (the pipeline's quick model-free draft)."""
         measured = self.generated > len(outcome.tokens)  # the first step carries the prompt prefill
-        if schedule:
-            if measured:
-                self.schedule.observe(n_drafted, draft_seconds, outcome.seconds)
-            self.schedule.update(n_drafted, outcome.n_accepted)
-        if measured:
-            self.gate.record(n_drafted > 0, len(outcome.tokens), step_seconds)
-            if schedule and n_drafted > 0 and self.schedule.pays() is False:
-                self.gate.pause()  # the cost model sees a loss at every K before the rates do
+        self.policy.learn(n_drafted, outcome.n_accepted, len(outcome.tokens), draft_seconds, outcome.seconds,
+                          step_seconds, measured, schedule)
 
 
 class DraftSource:

@@ -400,7 +400,7 @@ def test_a_step_after_a_miss_verifies_the_first_fresh_tokens_without_waiting_for
     """After a rejection the lookahead restarts from the committed history; with fresh_k = 1 the verifier
     takes what the worker has once the first token is there (the next ones come 60 ms apart), with
     fresh_k = K it waits for all four. Every other step carries K. Output unchanged either way."""
-    from mirrorsd.runtime.decode import step as step_core
+    from mirrorsd.runtime.decode import policy as step_core
     from mirrorsd.runtime.decode.gate import SpeculationGate
     from mirrorsd.runtime.decode.pipeline import pipelined_decode
 
@@ -457,7 +457,7 @@ def test_the_worker_drafts_ahead_for_the_k_the_schedule_picks_after_the_step(
     (2K + 1 tokens past the committed history: the next step's K, its bonus token and the K after it) follows
     a growing K at once; told first, the worker stopped at the old K's limit and idled through the pass."""
     from mirrorsd.runtime.decode import pipeline
-    from mirrorsd.runtime.decode import step as step_core
+    from mirrorsd.runtime.decode import policy as step_core
     from mirrorsd.runtime.decode.gate import SpeculationGate
 
     monkeypatch.setattr(step_core, "make_schedule", lambda config, overlapped=False, curve=None: GrowingK(config))

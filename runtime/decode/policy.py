@@ -1,0 +1,75 @@
+"""Every adaptive choice of one request, in one place: the StepPolicy.
+
+Per step it decides how many tokens to draft (the K schedule, schedule.py) and whether to draft at all (the
+speculation gate, gate.py, which the schedule's cost model may pause); overlapped, whether the inline
+model-free draft serves instead of waiting for the worker's lookahead, and whether a step asks for
+early-exit branch candidates. Seeded sampling (`GenerationConfig.reproducible`) must not let timing steer
+any of these: read here, once. Output never depends on a choice made here, only speed.
+"""
+
+from __future__ import annotations
+
+from mirrorsd.config import GenerationConfig
+from mirrorsd.runtime.decode.gate import SpeculationGate
+from mirrorsd.runtime.decode.schedule import make_schedule
+from mirrorsd.runtime.decode.speedup import expected_tokens_per_step
+
+MIN_MISS_FOR_BRANCHES = 0.5
+"""Early exit is requested only for steps predicted to leave the lookahead at least this often
+(1 - alpha^(k+1)): the LM head at l_e and the branch drafting cost time that a step landing on the
+lookahead does not repay (docs/measurements.md)."""
+
+MAX_DRAFT_ALPHA = 0.95
+"""With the draft's candidates, branches are ranked with the running acceptance estimate as the chance to
+pass each position; capped so that a run of accepted steps does not rule rejections out."""
+
+
+class StepPolicy:
+    def __init__(self, config: GenerationConfig, overlapped: bool = False,
+                 curve: tuple[float, ...] | None = None) -> None:
+        self.timing_free = config.reproducible
+        self.schedule = make_schedule(config, overlapped, curve)
+        self.gate = SpeculationGate(enabled=not self.timing_free)
+
+    @property
+    def alpha(self) -> float:
+        """The running per-token acceptance estimate of the model drafter."""
+        return self.schedule.acceptance.alpha
+
+    def draft_length(self, room: int) -> int:
+        """Tokens to draft this step, at most `room` (0: a plain step: no room, or the gate has drafting paused)."""
+        k = min(self.schedule.k, room)
+        return k if k > 0 and self.gate.should_draft() else 0
+
+    def learn(self, n_drafted: int, n_accepted: int, committed: int, draft_seconds: float, verify_seconds: float,
+              step_seconds: float, measured: bool, schedule: bool = True) -> None:
+        """A step's outcome. measured=False: the step carried the prompt prefill (its time says nothing about
+        drafting). schedule=False: another drafter than the one the K schedule describes served it."""
+        if schedule:
+            if measured:
+                self.schedule.observe(n_drafted, draft_seconds, verify_seconds)
+            self.schedule.update(n_drafted, n_accepted)
+        if measured:
+            self.gate.record(n_drafted > 0, committed, step_seconds)
+            if schedule and n_drafted > 0 and self.schedule.pays() is False:
+                self.gate.pause()  # the cost model sees a loss at every K before the rates do
+
+    def may_serve_quick(self) -> bool:
+        """Whether the inline model-free drafter may serve a step in place of the worker's lookahead (a choice
+        made from timing)."""
+        return not self.timing_free
+
+    def quick_pays(self, quick_alpha: float, quick_k: int, want: int, wait_s: float, verify_s: float) -> bool:
+        """The quick draft (`quick_k` tokens at acceptance `quick_alpha`, verified at once) promises more
+        tokens per second than waiting `wait_s` for `want` lookahead tokens (expected tokens per step,
+        Leviathan, over the step's time)."""
+        model_rate = expected_tokens_per_step(self.alpha, want) / (wait_s + verify_s)
+        return expected_tokens_per_step(quick_alpha, quick_k) / verify_s > model_rate
+
+    def wants_branches(self, k: int) -> bool:
+        """A step of k drafted tokens is likely enough to leave the lookahead to pay for branch candidates."""
+        return 1.0 - self.alpha ** (k + 1) >= MIN_MISS_FOR_BRANCHES
+
+    def branch_alpha(self) -> float:
+        """The chance to pass each position that ranks the draft's candidate branches."""
+        return min(self.alpha, MAX_DRAFT_ALPHA)
