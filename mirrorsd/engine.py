@@ -294,64 +294,50 @@ class Engine:
         with self._lock, pinned(verify_core, self.verifier.threads):  # pinned: the verify side is this thread
             self._check_open()
             start = time.perf_counter()
-            budget = min(cfg.max_new_tokens, self.verifier.max_context - len(ids))
             plan = self._plan(cfg, self._calibration)
             if self.drafter is not None and uses_cost_schedule(cfg):
                 verify_curve.ensure(self.verifier, cfg.max_draft_tokens)  # once per verifier: the K schedule's costs
             timeline = Timeline()
-            chain = tuple(d.name for d in self.drafter.drafters) if isinstance(self.drafter, ChainDrafter) else ()
-            # prompt caching: the prefix this request shares with the cache (at least one token is always fed)
-            cached = min(self.verifier.cached_prefix(ids), len(ids) - 1)
-            recorder = StatsRecorder(timeline, prompt_tokens=len(ids), cached_prompt_tokens=cached, pipeline=plan.mode,
-                                     backend=self.verifier.backend, chain=chain,
-                                     exact=self.drafter is None or self.verifier.exact_batches)
-            text = StreamingText(self.tokenizer, cfg.stop)
-            tokens: list[int] = []
-            from_draft: list[bool] = []
-            logprobs: list[TokenLogprob] | None = None if cfg.logprobs is None else []
-            finish = "length"
+            recorder = self._recorder(ids, plan, timeline)
+            reply = _Reply(self.tokenizer, cfg, self.eos_ids)
+            budget = min(cfg.max_new_tokens, self.verifier.max_context - len(ids))
             core = StepCore(self.verifier, ids, cfg, budget, timeline, overlapped=plan.mode != "sequential",
                             constraint=constraint)
             steps = run_plan(core, self.drafter, self.fallback, plan)
             try:
                 for index, step in enumerate(steps):
-                    kept = step.tokens
-                    for j, tok in enumerate(step.tokens):
-                        if tok in self.eos_ids:
-                            kept, finish = step.tokens[: j + 1], "stop"
-                            break
+                    kept = reply.kept(step)
                     recorder.add(step, len(kept))
-                    stats = recorder.snapshot(time.perf_counter() - start)
-                    for j, tok in enumerate(kept):
-                        tokens.append(tok)
-                        from_draft.append(j < step.n_accepted)
-                        logprob = None if step.logprobs is None else step.logprobs[j]
-                        if logprobs is not None:
-                            logprobs.append(logprob)
-                        delta, stopped = text.push(tok)
-                        yield TokenEvent(tok, delta, j < step.n_accepted, index, stats, logprob)
-                        if stopped:
-                            finish = "stop"
-                            break
-                    if finish == "stop":
+                    yield from reply.events(step, kept, index, recorder.snapshot(time.perf_counter() - start))
+                    if reply.finish == "stop":
                         break
             except GeneratorExit:
-                finish = "cancelled"
+                reply.finish = "cancelled"
                 raise
             finally:
                 steps.close()
-                if isinstance(self.drafter, LearningDrafter) and finish != "cancelled":
-                    try:
-                        self.drafter.finish(ids, tokens)
-                    except Exception as exc:  # learning is best-effort; the reply is already right
-                        log.warning("drafter %r could not learn from the request: %s", self.drafter, exc)
-            recorder.values["generated_tokens"] = len(tokens)  # a stop string may end the reply mid-step
+                self._learn_from(ids, reply)
+            recorder.values["generated_tokens"] = len(reply.tokens)  # a stop string may end the reply mid-step
             if trace:
                 timeline.write_chrome_trace(trace)
-            tail = text.flush()
-            result = GenerationResult(text.text, tokens, finish, recorder.snapshot(time.perf_counter() - start),
-                                      from_draft, timeline.to_spans(), logprobs)
-            yield FinishEvent(result, tail)
+            tail = reply.text.flush()
+            yield FinishEvent(reply.result(recorder.snapshot(time.perf_counter() - start), timeline), tail)
+
+    def _recorder(self, ids: list[int], plan: DecodePlan, timeline: Timeline) -> StatsRecorder:
+        chain = tuple(d.name for d in self.drafter.drafters) if isinstance(self.drafter, ChainDrafter) else ()
+        # prompt caching: the prefix this request shares with the cache (at least one token is always fed)
+        cached = min(self.verifier.cached_prefix(ids), len(ids) - 1)
+        return StatsRecorder(timeline, prompt_tokens=len(ids), cached_prompt_tokens=cached, pipeline=plan.mode,
+                             backend=self.verifier.backend, chain=chain,
+                             exact=self.drafter is None or self.verifier.exact_batches)
+
+    def _learn_from(self, ids: list[int], reply: "_Reply") -> None:
+        """A learning drafter (a datastore) takes in a finished reply; learning is best-effort."""
+        if isinstance(self.drafter, LearningDrafter) and reply.finish != "cancelled":
+            try:
+                self.drafter.finish(ids, reply.tokens)
+            except Exception as exc:  # the reply is already right
+                log.warning("drafter %r could not learn from the request: %s", self.drafter, exc)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -393,6 +379,44 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Reply:
+    """The reply as steps commit it: its tokens (up to EOS), their text (cut at a stop string), their
+    log-probabilities, and why it ended ("length" until EOS or a stop string says "stop")."""
+
+    def __init__(self, tokenizer, cfg: GenerationConfig, eos_ids: frozenset[int]) -> None:
+        self.text = StreamingText(tokenizer, cfg.stop)
+        self.eos_ids = eos_ids
+        self.tokens: list[int] = []
+        self.from_draft: list[bool] = []
+        self.logprobs: list[TokenLogprob] | None = None if cfg.logprobs is None else []
+        self.finish = "length"
+
+    def kept(self, step) -> list[int]:
+        """The step's tokens up to and including an EOS, which ends the reply."""
+        for j, token in enumerate(step.tokens):
+            if token in self.eos_ids:
+                self.finish = "stop"
+                return step.tokens[: j + 1]
+        return step.tokens
+
+    def events(self, step, kept: list[int], index: int, stats) -> Iterator[TokenEvent]:
+        for j, token in enumerate(kept):
+            self.tokens.append(token)
+            self.from_draft.append(j < step.n_accepted)
+            logprob = None if step.logprobs is None else step.logprobs[j]
+            if self.logprobs is not None:
+                self.logprobs.append(logprob)
+            delta, stopped = self.text.push(token)
+            yield TokenEvent(token, delta, j < step.n_accepted, index, stats, logprob)
+            if stopped:
+                self.finish = "stop"
+                return
+
+    def result(self, stats, timeline: Timeline) -> GenerationResult:
+        return GenerationResult(self.text.text, self.tokens, self.finish, stats, self.from_draft,
+                                timeline.to_spans(), self.logprobs)
 
 
 class _RequestLock:
