@@ -70,8 +70,19 @@ def test_the_decode_loops_know_backends_and_drafters_only_by_their_protocols(pat
     assert not bad, f"{path.name} imports {bad}"
 
 
-@pytest.mark.parametrize("path", sources("runtime/decode"), ids=lambda p: p.name)
-def test_no_function_in_the_decode_path_is_over_sixty_lines(path):
+DECODE_PATH = [*sources("runtime/decode"), ROOT / "mirrorsd" / "engine.py", ROOT / "mirrorsd" / "text_stream.py"]
+
+
+def code_lines(node: ast.FunctionDef) -> int:
+    """A function's lines without its docstring."""
+    first = node.body[0]
+    doc = first.end_lineno - first.lineno + 1 if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                                                  and isinstance(first.value.value, str)) else 0
+    return node.end_lineno - node.lineno + 1 - doc
+
+
+@pytest.mark.parametrize("path", DECODE_PATH, ids=lambda p: p.name)
+def test_no_function_in_the_decode_path_is_over_forty_lines(path):
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            assert node.end_lineno - node.lineno < 60, f"{path.name}:{node.name} is {node.end_lineno - node.lineno + 1} lines"
+            assert code_lines(node) <= 40, f"{path.name}:{node.name} is {code_lines(node)} lines"
