@@ -164,3 +164,29 @@ def test_llamacpp_chat_stops_at_eos_with_readable_text(smol_cpp):
     finally:
         smol_cpp.drafter = None
     assert result.finish_reason == "stop" and "hash" in result.text.lower()
+
+
+def test_a_grammar_clipped_draft_holds_only_tokens_the_grammar_masks_allow(smol_cpp):
+    """llguidance's token check can pass a token its mask forbids (on smollm2's vocabulary under the suite's
+    second JSON schema: "re" where the mask wants "res"). Verification goes by the masks, so a draft clipped
+    by the check alone carried a token the target then rejected: a model drafting for itself lost tokens.
+    At every state of a constrained reply, the target's 20 likeliest tokens as drafts: what constrain() keeps
+    is allowed by the masks."""
+    from mirrorsd import Draft
+    from mirrorsd.apps.prompt_suite import bundled_suite
+    from mirrorsd.runtime.decode.step import Outcome, StepCore
+
+    prompt = next(p for p in bundled_suite(2) if p.json_schema and p.label == "json-schema/1")
+    cfg = GenerationConfig(max_new_tokens=48, json_schema=prompt.json_schema)
+    smol_cpp.reset()
+    reply = smol_cpp.generate(prompt.request, cfg).token_ids
+    constraint = smol_cpp.constraint(cfg)
+    core = StepCore(smol_cpp.verifier, smol_cpp.encode(prompt.request), cfg, 48, constraint=constraint)
+    for token in reply[:-1]:
+        allowed = constraint.masks([])[0]
+        logits = smol_cpp.verifier.score(core.committed, [])[0]
+        for candidate in torch.topk(logits.float(), 20).indices.tolist():
+            kept = core.constrain(Draft([candidate], None, "test"), 4)
+            if kept.source == "test" and kept.tokens:
+                assert allowed[candidate], (len(core.committed), smol_cpp.tokenizer.decode([candidate]))
+        core.commit(Outcome(0, [token], 0.0, 0.0))
