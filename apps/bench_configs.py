@@ -5,7 +5,7 @@ runner, a function `(prompt_ids, GenerationConfig) -> Output`, or None when it c
 draft model given, backend not installed). The first registered configuration, our target-only
 decoding, is the reference every greedy output is checked against.
 
-Adding a row (e.g. the exported ONNX draft of issue #3, or the two-queue pipeline of issue #4) is a
+Adding a row (e.g. an exported ONNX draft, or the two-queue pipeline in one of its modes) is a
 few lines::
 
     from mirrorsd.apps.bench_configs import BenchConfig, ours, register
@@ -302,14 +302,14 @@ register(BenchConfig("retrieval (ours)",
 register(BenchConfig("chain n-gram + retrieval (ours)",
                      _with_store(lambda ctx: ours(ctx, ChainDrafter(NGramDrafter(), RetrievalDrafter(ctx.datastore)))),
                      needs=_STORE))
-for _mode in ("sequential", "overlap", "branches"):  # issue #4's pipeline: one row per schedule
+for _mode in ("sequential", "overlap", "branches"):  # the two-queue pipeline: one row per schedule
     register(BenchConfig(f"draft model, {_mode} (ours)",
                          lambda ctx, mode=_mode: ours(ctx, _draft_model(ctx), pipeline=mode) if ctx.draft_lm is not None
                          else None, needs=_DRAFT, memory=("target", "draft")))
-register(BenchConfig("draft model, branches from early exit (ours)",  # issue #16: the target's layer-l_e candidates
+register(BenchConfig("draft model, branches from early exit (ours)",  # the target's layer-l_e candidates
                      lambda ctx: ours(ctx, _draft_model(ctx), pipeline="branches", branch_source="early_exit")
                      if ctx.draft_lm is not None else None, needs=_DRAFT, memory=("target", "draft")))
-for _mode in ("sequential", "overlap", "branches"):  # the same draft exported (issue #3), on ONNX Runtime
+for _mode in ("sequential", "overlap", "branches"):  # the same draft exported, on ONNX Runtime
     register(BenchConfig(f"exported draft, {_mode} (ours)",
                          lambda ctx, mode=_mode: ours(ctx, ctx.export_drafter, pipeline=mode)
                          if ctx.draft_export is not None else None, needs=_EXPORT, memory=("target", "draft export")))
@@ -422,7 +422,7 @@ register(BenchConfig("exported draft, llama.cpp (ours)",
                      memory=("target (llama.cpp)", "draft export")))
 
 
-# -- the ONNX Runtime verifier (issue #13): the target's `mirrorsd export --role verifier` folder.
+# -- the ONNX Runtime verifier: the target's `mirrorsd export --role verifier` folder.
 
 def _onnx(ctx: BenchContext) -> Engine | None:
     return ctx.onnx_engine

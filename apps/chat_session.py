@@ -136,7 +136,7 @@ def stats_fields(stats: dict) -> dict[str, str]:
 
 
 def _pipeline(stats: dict) -> str:
-    """The scheduling mode that ran (issue #4's pipeline) and how much drafting it hid."""
+    """The scheduling mode that ran (the two-queue pipeline's) and how much drafting it hid."""
     mode = str(stats.get("pipeline", "sequential"))
     hidden = stats.get("hidden_draft_share")
     return f"{mode}, {hidden:.0%} of drafting hidden" if hidden and mode != "sequential" else mode

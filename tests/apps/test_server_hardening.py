@@ -1,4 +1,4 @@
-"""The server under requests a careless or hostile client sends (issue #14): every bad value is a 400 in
+"""The server under requests a careless or hostile client sends: every bad value is a 400 in
 OpenAI's shape on a connection that stays usable, the key is checked before anything else, the queue is
 bounded, a client that leaves mid-reply cancels it, and shutdown cancels what runs."""
 
