@@ -535,6 +535,33 @@ def serve(
                    allowed_hosts=tuple(allowed_hosts or ()))
 
 
+@app.command()
+def handoff(
+    out: Annotated[str, typer.Argument(help="A new folder for the handoff.")],
+    to: Annotated[str, typer.Option(help="The engine to hand off to: vllm.")] = "vllm",
+    target: Annotated[Optional[str], typer.Option(help="Target model (default: the report's, else "
+                                                       "smollm2-135m).")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="ngram | a draft model (catalog name, folder, .gguf); "
+                                                      "default: the report's recommendation, else ngram.")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", help="Tokens to speculate per step (default: the report's "
+                                                         "best K for the drafter).")] = None,
+    eval_report: Annotated[Optional[str], typer.Option(help="An eval-drafts.json (mirrorsd eval-drafts) to take "
+                                                            "the drafter, K and its measured figures from.")] = None,
+    copy: Annotated[bool, typer.Option(help="Copy the model folders instead of linking them.")] = False,
+) -> None:
+    """Take a drafter measured here to vLLM: OUT/serve.sh serves the target with it on vLLM (tensor and pipeline
+    parallel across GPUs and nodes)."""
+    from mirrorsd.apps.handoff import plan_handoff, write_handoff
+    from mirrorsd.errors import ConfigError
+
+    if to != "vllm":
+        raise ConfigError(f"cannot hand off to {to!r}", "--to vllm")
+    plan = plan_handoff(target, draft, k, eval_report)
+    folder = write_handoff(plan, out, copy=copy, progress=True)
+    print(f"{folder}: {plan.target} with {plan.draft}, K={plan.k} ({plan.source}); run {folder / 'serve.sh'} where "
+          "vLLM is installed (see its README.md)")
+
+
 datastore_app = typer.Typer(no_args_is_help=True, help="Retrieval datastores for the retrieval drafter.")
 app.add_typer(datastore_app, name="datastore")
 

