@@ -69,7 +69,7 @@ def corpus_root(tiny_folder):
     shutil.rmtree(root, ignore_errors=True)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(_line, min_size=1, max_size=4), source=_input, out=_out)
 def test_datastore_build_on_malformed_jsonl_and_paths_fails_shaped(corpus_root, tiny_folder, capsys, lines, source,
                                                                    out):
@@ -89,7 +89,7 @@ def test_datastore_build_on_malformed_jsonl_and_paths_fails_shaped(corpus_root, 
             _shaped(*_cli("datastore", "info", str(out_path), capsys=capsys))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(header=_json.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=30))
 def test_datastore_info_on_any_header_fails_shaped(corpus_root, capsys, header):
     with tempfile.TemporaryDirectory(dir=corpus_root) as tmp:

@@ -233,7 +233,7 @@ def fuzz_target(tokenizer, target_model):
             yield http
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=_body, path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
 def test_generated_bodies_never_get_a_500_or_a_dropped_connection(fuzz_target, body, path):
     r = fuzz_target.post(path, content=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
