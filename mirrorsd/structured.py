@@ -98,6 +98,7 @@ class GrammarConstraint:
         self.matcher, self.vocab_size, self.eos = matcher, vocab_size, frozenset(eos_ids)
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
         self._synced: list[int] = []
+        self._clipped: tuple[tuple[int, ...], torch.Tensor] | None = None  # the last clip's draft and its masks
 
     def clip(self, tokens: Sequence[int]) -> list[int]:
         """The longest prefix of `tokens` the grammar allows from the committed state, ending at the first
@@ -106,14 +107,25 @@ class GrammarConstraint:
         n = self.matcher.validate_tokens(tokens)
         end = next((i for i, t in enumerate(tokens[:n]) if t in self.eos), None)
         if end is not None:
-            return tokens[:end + 1]
+            return self._by_the_masks(tokens[:end + 1])
         if n < len(tokens) and tokens[n] in self.eos:  # validate_tokens may stop before an allowed one
             self._consume(tokens[:n])
             allowed = bool(self._allowed()[tokens[n]])
             if n:
                 self.matcher.rollback(n)
             n += allowed
-        return tokens[:n]
+        return self._by_the_masks(tokens[:n])
+
+    def _by_the_masks(self, tokens: list[int]) -> list[int]:
+        """`tokens` up to the first one its mask forbids: validate_tokens can pass a token the mask, which
+        verification applies, does not allow (smollm2 under a JSON schema: "re" where the mask wants "res").
+        The masks are kept for the verify pass of this very draft (masks())."""
+        if not tokens:
+            return tokens
+        rows = self.masks(tokens)
+        cut = next((i for i, t in enumerate(tokens) if not rows[i, t]), len(tokens))
+        self._clipped = (tuple(tokens[:cut]), rows[:cut + 1])
+        return tokens[:cut]
 
     def forced(self, limit: int) -> list[int]:
         """Up to `limit` tokens the grammar forces next from the committed state (llguidance's fast-forward
@@ -125,6 +137,9 @@ class GrammarConstraint:
         """[k+1, V] bool: row i holds the tokens allowed after the committed tokens + draft[:i]. The draft must
         be clipped already; the matcher is back at the committed state on return. Rows after an
         end-of-sequence token repeat its row (they are never used: the reply ends there)."""
+        kept, self._clipped = self._clipped, None
+        if kept is not None and kept[0] == tuple(int(t) for t in draft):  # clip() computed them a moment ago
+            return kept[1]
         rows = np.empty((len(draft) + 1, self.vocab_size), dtype=bool)
         consumed = 0
         for i in range(len(draft) + 1):
@@ -141,12 +156,14 @@ class GrammarConstraint:
 
     def advance(self, tokens: Sequence[int]) -> None:
         """The committed tokens, up to the first end-of-sequence token (the reply ends there)."""
+        self._clipped = None
         ended = next((i for i, t in enumerate(tokens) if int(t) in self.eos), len(tokens))
         self._consume(tokens[:ended])
 
     def sync(self, tokens: Sequence[int]) -> bool:
         """Move the state to after `tokens` (rolling back what differs from the last sync, as a transformers
         logits processor needs under assisted decoding); False if the grammar forbids them."""
+        self._clipped = None
         tokens, seen = [int(t) for t in tokens], self._synced
         common = 0
         while common < min(len(tokens), len(seen)) and tokens[common] == seen[common]:

@@ -76,8 +76,8 @@ def pipelined_decode(
     constraint: the request's grammar (structured output), if any. draft_core: the CPU core the draft side
     (the worker and the inline drafter) runs on (CorePins); threads is then None."""
     core = StepCore(verifier, prompt_ids, config, max_new_tokens, timeline, overlapped=True, constraint=constraint)
-    plan = make_plan(verifier, drafter, config, "branches" if branches else "overlap")
-    plan = replace(plan, mode=plan.mode if drafter is not None else "overlap", threads=threads, draft_core=draft_core)
+    plan = replace(make_plan(verifier, drafter, config, "branches" if branches else "overlap"), threads=threads,
+                   draft_core=draft_core)
     yield from decode(core, PipelinedProvider(core, drafter, fallback, plan))
 
 

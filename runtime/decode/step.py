@@ -55,7 +55,6 @@ class StepCore:
         self.prompt_len = len(self.committed)
         self.max_new_tokens, self.generated = max_new_tokens, 0
         self.policy = StepPolicy(config, overlapped, curve=verify_curve.known(verifier))
-        self._masks: tuple[tuple[int, ...], object] | None = None  # (draft, its grammar masks) from constrain()
 
     @property
     def done(self) -> bool:
@@ -73,10 +72,6 @@ class StepCore:
         if self.constraint is None:
             return draft
         tokens = self.constraint.clip(draft.tokens) if draft.tokens else []
-        if tokens:  # llguidance's token check can pass a token its mask forbids: verify goes by the masks
-            masks = self.constraint.masks(tokens)
-            tokens = tokens[:next((i for i, t in enumerate(tokens) if not masks[i, t]), len(tokens))]
-            self._masks = (tuple(tokens), masks[:len(tokens) + 1])
         forced = self.constraint.forced(budget)
         if len(forced) > len(tokens):
             return Draft(forced, None, "grammar")
@@ -92,18 +87,13 @@ class StepCore:
                 logits = self.verifier.score(self.committed, draft.tokens)  # [k+1, V]
             else:
                 logits = self.verifier.early_exit.score_with_exit(self.committed, draft.tokens, exit_request)
-            allowed = logits if self.constraint is None else apply_masks(logits, self._masks_for(draft.tokens))
+            allowed = logits if self.constraint is None else apply_masks(logits, self.constraint.masks(draft.tokens))
             n_accepted, tokens = verify(draft, allowed, self.config.sampling, self.rng, history=self.committed,
                                         prompt_len=self.prompt_len)
             span["accepted"] = n_accepted
         top = self.config.logprobs
         return Outcome(n_accepted, tokens, start, time.perf_counter() - start,
                        None if top is None else token_logprobs(logits, tokens, top))
-
-    def _masks_for(self, tokens: list[int]):
-        """The grammar's masks for this draft: constrain()'s, when it computed them for these very tokens."""
-        kept, self._masks = self._masks, None
-        return kept[1] if kept is not None and kept[0] == tuple(tokens) else self.constraint.masks(tokens)
 
     def commit(self, outcome: Outcome) -> None:
         self.committed.extend(outcome.tokens)
