@@ -24,7 +24,7 @@ from mirrorsd.errors import (
 # and `mirrorsd --help` or an argument error should not wait for that.
 _LAZY = {
     "Engine": "mirrorsd.engine", "verify": "mirrorsd.rejection",
-    **dict.fromkeys(("CausalLM", "Draft", "Drafter", "DraftModel", "LearningDrafter", "Step", "Verifier"),
+    **dict.fromkeys(("CausalLM", "Draft", "Drafter", "DraftModel", "Learner", "Ranking", "Step", "Verifier"),
                     "mirrorsd.contracts"),
     **dict.fromkeys(("FinishEvent", "GenerationResult", "GenerationStats", "TokenEvent"), "mirrorsd.results"),
 }
@@ -42,7 +42,7 @@ def __getattr__(name: str):
 
 __version__ = "0.1.0"
 __all__ = [
-    "CausalLM", "DraftModel", "LearningDrafter", "SamplingParams", "SpeculativeConfig", "Step",
+    "CausalLM", "DraftModel", "Learner", "Ranking", "SamplingParams", "SpeculativeConfig", "Step",
     "CatalogError", "ChecksumError", "ConfigError", "DatastoreError", "Draft", "EngineBusyError", "EngineClosedError", "Drafter", "Engine", "FinishEvent",
     "GenerationConfig", "GenerationResult", "GenerationStats", "MirrorsdError", "ModelNotFoundError",
     "PromptError", "RollbackUnsupportedError", "TokenEvent", "TokenizerMismatchError", "Verifier", "verify",

@@ -130,7 +130,7 @@ class SpeculativeConfig:
     declare early exit);
     "draft": the draft model's own top kappa + 1 choices at each drafted position (its first choice is, when
     greedy, the drafted token itself), known before the pass starts: the whole pass is left for drafting
-    branches and the target computes nothing extra (draft models that declare RankingDraftModel, e.g.
+    branches and the target computes nothing extra (draft models that declare a ranking, e.g.
     ModelDrafter);
     "auto": "draft" where the drafter can rank, else "early_exit" (docs/branch-coverage.md: on
     qwen2.5-coder-1.5b with the 0.5b draft, the draft's 3 alternatives held the correction of 94% of

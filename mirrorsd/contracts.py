@@ -6,9 +6,9 @@ Protocols:
 - `CausalLM`: one model on one device (a backend: torch, ONNX Runtime, Core ML, ...). The verifier is
   one; a model drafter drafts with one. Optional capabilities are *declared* as attributes that hold
   an implementation or None (`early_exit`, `threads`), never discovered by probing.
-- `Drafter`: proposes tokens. Optional parts are declared as their own protocols (`DraftModel`: a
-  drafter that runs a CausalLM, token by token; `RankingDraftModel`: one that also reports its top
-  candidates per drafted position; `LearningDrafter`: learns from finished replies).
+- `Drafter`: proposes tokens. Its abilities are declared the same way: `model` (a `DraftModel`: it runs
+  a CausalLM, token by token, and may hold a `Ranking` of its top candidates per drafted position) and
+  `learner` (a `Learner`: it learns from finished replies), each an implementation or None.
 """
 
 from __future__ import annotations
@@ -186,12 +186,17 @@ Verifier = CausalLM
 
 # -- drafters --------------------------------------------------------------------------------------
 
-@runtime_checkable
 class Drafter(Protocol):
     """Proposes tokens. Owns its own state and reconciles it against the committed history on
-    every call, so the loop never has to roll a drafter back."""
+    every call, so the loop never has to roll a drafter back. Its abilities beyond proposing are
+    declared as backends' are: an attribute holding an implementation, or None."""
 
     name: str
+    model: DraftModel | None
+    """Where the drafter runs a model (token by token, on a device, with memory to free); None for
+    model-free drafters, which take microseconds on the host."""
+    learner: Learner | None
+    """Where the drafter learns from finished requests (retrieval appends replies to its datastore)."""
 
     def start(self, config: GenerationConfig) -> None:
         """A new request begins with these settings (drafters that sample seed themselves here)."""
@@ -203,12 +208,14 @@ class Drafter(Protocol):
         """Feedback after a verify step: `committed` now ends with the accepted tokens + 1."""
 
 
-@runtime_checkable
-class DraftModel(Drafter, Protocol):
-    """A drafter that runs a model (`lm`): it drafts token by token, so the pipeline's draft worker can
-    take new instructions between tokens, and it holds memory to free."""
+class DraftModel(Protocol):
+    """A drafter's model (`lm`): it drafts token by token, so the pipeline's draft worker can take new
+    instructions between tokens."""
 
     lm: CausalLM
+    ranking: Ranking | None
+    """Where the model reports its top candidates at each drafted position (the distribution it computes
+    anyway): Mirror-SD branches can then come from the draft instead of the target's early exit."""
 
     def propose_iter(self, committed: Sequence[int], max_tokens: int) -> Iterator[tuple[int, np.ndarray | None]]:
         """Draft tokens one at a time: (token, its q row, or None when drafting greedily)."""
@@ -217,25 +224,18 @@ class DraftModel(Drafter, Protocol):
         """Free the model."""
 
 
-@runtime_checkable
-class RankingDraftModel(DraftModel, Protocol):
-    """A draft model that reports its top candidates at each drafted position (the distribution it computes
-    anyway): Mirror-SD branches can then come from the draft instead of the target's early exit."""
-
+class Ranking(Protocol):
     def propose_ranked(self, committed: Sequence[int], max_tokens: int,
                        kappa: int) -> Iterator[tuple[int, np.ndarray | None, np.ndarray, np.ndarray]]:
         """As propose_iter, each token with the top-kappa ids [kappa] and log-probabilities [kappa] of the
         distribution it was drafted from (after the request's sampling processing), likeliest first."""
 
 
-@runtime_checkable
-class LearningDrafter(Drafter, Protocol):
-    """A drafter that learns from finished requests (retrieval appends replies to its datastore)."""
-
+class Learner(Protocol):
     def finish(self, prompt_ids: Sequence[int], generated: Sequence[int]) -> None:
         """A request completed (not cancelled) with these generated tokens."""
 
 
 def computes_on(drafter: Drafter | None) -> ComputeKind | None:
     """Where a drafter's model computes; None for model-free drafters (microseconds on the host)."""
-    return drafter.lm.computes_on if isinstance(drafter, DraftModel) else None
+    return drafter.model.lm.computes_on if drafter is not None and drafter.model is not None else None

@@ -13,7 +13,7 @@ import torch
 
 from mirrorsd.chat_tokens import chat_ids
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import CausalLM, Drafter, DraftModel, LearningDrafter, TokenLogprob
+from mirrorsd.contracts import CausalLM, Drafter, TokenLogprob
 from mirrorsd.errors import ConfigError, EngineBusyError, EngineClosedError, PromptError
 from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
 from mirrorsd.text_stream import StreamingText
@@ -160,12 +160,12 @@ class Engine:
                                export_threads=cpu_draft_threads(loaded.lm.computes_on))
         engine = cls(loaded.lm, loaded.tokenizer, drafter, name=target, fallback=fallback_for(drafter),
                      eos_ids=loaded.eos_ids)
-        if isinstance(draft, str) and isinstance(drafter, DraftModel):
+        if isinstance(draft, str) and drafter is not None and drafter.model is not None:
             from mirrorsd.catalog import cache_dir
 
             # the backends as resolved ("auto" may pick another one once llama-cpp-python is installed)
             engine.calibration_id = (f"target {target} on {loaded.lm.backend} (device {device}, dtype {dtype}), "
-                                     f"draft {draft} on {drafter.lm.backend} (device {draft_device or device}, "
+                                     f"draft {draft} on {drafter.model.lm.backend} (device {draft_device or device}, "
                                      f"dtype {draft_dtype or dtype})")
             engine.calibration_store = CalibrationStore(cache_dir() / "calibrations.json")
         return engine
@@ -259,8 +259,8 @@ class Engine:
         """The request's DecodePlan, with the calibration to use: locking (between requests) or not (inside one)."""
         mode = cfg.pipeline
         if mode == "auto":
-            mode = (calibration(cfg.num_draft_tokens).mode if isinstance(self.drafter, DraftModel)
-                    else "sequential")
+            mode = (calibration(cfg.num_draft_tokens).mode
+                    if self.drafter is not None and self.drafter.model is not None else "sequential")
         return make_plan(self.verifier, self.drafter, cfg, mode, self.pin_cores)
 
     def calibration(self, k: int) -> Costs:
@@ -281,7 +281,7 @@ class Engine:
             costs = None if kept is None else self.calibration_store.get(kept)
             if costs is None:
                 threads = None if self.pin_cores else overlap_threads(self.verifier, self.drafter)
-                costs = calibrate(self.verifier, self.drafter, key[2], self.pin_cores, threads)
+                costs = calibrate(self.verifier, self.drafter.model, key[2], self.pin_cores, threads)
                 if kept is not None:
                     self.calibration_store.put(kept, costs)
             self.calibrations[key] = costs
@@ -333,9 +333,10 @@ class Engine:
 
     def _learn_from(self, ids: list[int], reply: "_Reply") -> None:
         """A learning drafter (a datastore) takes in a finished reply; learning is best-effort."""
-        if isinstance(self.drafter, LearningDrafter) and reply.finish != "cancelled":
+        learner = self.drafter.learner if self.drafter is not None else None
+        if learner is not None and reply.finish != "cancelled":
             try:
-                self.drafter.finish(ids, reply.tokens)
+                learner.finish(ids, reply.tokens)
             except Exception as exc:  # the reply is already right
                 log.warning("drafter %r could not learn from the request: %s", self.drafter, exc)
 
@@ -350,8 +351,8 @@ class Engine:
             self._check_open()
             self.verifier.reset()
             for drafter in (self.drafter, self.fallback):
-                if isinstance(drafter, DraftModel):
-                    drafter.lm.reset()
+                if drafter is not None and drafter.model is not None:
+                    drafter.model.lm.reset()
 
     def close(self) -> None:
         """Wait for a running request to finish (its draft worker thread ends with it), then free the
@@ -363,8 +364,8 @@ class Engine:
                 return
             self.closed = True
             for drafter in (self.drafter, self.fallback):
-                if isinstance(drafter, DraftModel):
-                    drafter.close()
+                if drafter is not None and drafter.model is not None:
+                    drafter.model.close()
             self.verifier.close()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

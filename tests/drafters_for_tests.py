@@ -13,6 +13,8 @@ class RandomTokenDrafter:
     """Proposes uniformly random tokens: almost every draft is rejected, so rollback runs every step."""
 
     name = "random"
+    model = None
+    learner = None
 
     def __init__(self, vocab_size: int, seed: int = 0) -> None:
         self.vocab_size = vocab_size
@@ -107,7 +109,7 @@ class PacedDrafter:
 
     def __init__(self, inner, delay_s: float = 0.02) -> None:
         self.inner, self.delay_s = inner, delay_s
-        self.name = inner.name
+        self.name, self.model, self.learner = inner.name, inner.model, inner.learner
 
     def start(self, config: GenerationConfig) -> None:
         self.inner.start(config)
@@ -137,6 +139,8 @@ class ScriptedDrafter:
     wrong tokens after that, so its acceptance by draft position is known exactly (1 up to `correct`, then 0)."""
 
     name = "scripted"
+    model = None
+    learner = None
 
     def __init__(self, sequences: list[list[int]], vocab_size: int, correct: int = 1 << 30) -> None:
         self.sequences, self.vocab_size, self.correct = sequences, vocab_size, correct

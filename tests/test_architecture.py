@@ -35,7 +35,25 @@ def test_the_protocols_declare_what_the_loops_use():
     members = protocol_members()
     assert {"score", "truncate", "reset", "close", "vocab_size", "max_context", "computes_on", "backend",
             "early_exit", "threads", "propose", "propose_iter", "accepted", "finish", "lm", "num_layers",
-            "score_with_exit", "set_threads", "between_layers"} <= members
+            "score_with_exit", "set_threads", "between_layers", "model", "learner", "ranking",
+            "propose_ranked"} <= members
+
+
+def probed_protocols() -> set[str]:
+    """The contracts' Protocols that nothing may test with isinstance: abilities are declared attributes."""
+    return {name for name, cls in inspect.getmembers(contracts, inspect.isclass)
+            if getattr(cls, "_is_protocol", False) and cls.__module__ == contracts.__name__} - {"CausalLM"}
+
+
+@pytest.mark.parametrize("path", sources(*PACKAGES), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_isinstance_probing_of_drafters_or_capabilities(path):
+    protocols = probed_protocols()
+    assert {"Drafter", "DraftModel", "Ranking", "Learner"} <= protocols
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+            names = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+            assert not names & protocols, \
+                f"{path.name}:{node.lineno} probes {names & protocols}: read the declared attribute instead"
 
 
 @pytest.mark.parametrize("path", sources(*PACKAGES), ids=lambda p: str(p.relative_to(ROOT)))

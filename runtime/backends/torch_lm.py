@@ -128,8 +128,8 @@ class TorchCausalLM(PrefixCachedLM):
 
 def _has_early_exit(model: PreTrainedModel) -> bool:
     """Llama-family layout: model.model.layers and model.model.norm, then the LM head."""
-    inner = getattr(model, "model", None)
-    return (model.config.model_type in EARLY_EXIT_FAMILIES and isinstance(getattr(inner, "layers", None),
+    inner = model.get_decoder() if model.config.model_type in EARLY_EXIT_FAMILIES else None
+    return (inner is not None and isinstance(getattr(inner, "layers", None),
             torch.nn.ModuleList) and isinstance(getattr(inner, "norm", None), torch.nn.Module)
             and model.get_output_embeddings() is not None)
 

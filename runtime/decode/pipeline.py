@@ -8,7 +8,7 @@ The draft worker keeps a *lookahead* drafted as if every step were fully accepte
 verifies step t (the first K lookahead tokens), the worker already drafts step t+1. With early exit
 (Mirror-SD), the verify pass publishes its layer-l_e top-kappa tokens midway, and the worker drafts the
 likeliest (rejection point, correction) *branches* in the time the pass has left (branches.py). With
-branch_source "draft" (a RankingDraftModel), the candidates are the draft model's own top-kappa at each
+branch_source "draft" (a draft model with a ranking), the candidates are the draft model's own top-kappa at each
 drafted position, sent as the pass starts: the target computes nothing extra and the worker has the whole
 pass. Each hinted step is measured against its hint (Step.hint: was the correction a candidate, was its
 branch ready).

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import CausalLM, Drafter, RankingDraftModel, Step
+from mirrorsd.contracts import CausalLM, Drafter, Step
 from mirrorsd.errors import ConfigError
 from mirrorsd.runtime.decode.loop import InlineProvider, decode
 from mirrorsd.runtime.decode.step import StepCore
@@ -67,7 +67,8 @@ def branch_source(verifier: CausalLM, drafter: Drafter | None, config: Generatio
     source = config.branch_source
     if config.branch_width <= 0:
         return None
-    if source in ("draft", "auto") and isinstance(drafter, RankingDraftModel):
+    if source in ("draft", "auto") and drafter is not None and drafter.model is not None \
+            and drafter.model.ranking is not None:
         return "draft"
     if source in ("early_exit", "auto") and verifier.early_exit is not None:
         return "early_exit"

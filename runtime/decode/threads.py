@@ -11,7 +11,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from mirrorsd.contracts import CausalLM, ComputeKind, Drafter, DraftModel, ThreadControl, computes_on
+from mirrorsd.contracts import CausalLM, ComputeKind, Drafter, ThreadControl, computes_on
 
 CPU_DRAFT_THREADS = 1
 """Threads a draft computing on the CPU gets while a CPU verifier runs beside it (torch threads of the
@@ -78,7 +78,7 @@ def pinned(core: int | None, control: ThreadControl | None = None):
 
 def draft_control(drafter: Drafter | None) -> ThreadControl | None:
     """The thread control of a draft model's backend, where it declares one."""
-    return drafter.lm.threads if isinstance(drafter, DraftModel) else None
+    return drafter.model.lm.threads if drafter is not None and drafter.model is not None else None
 
 
 def shares_cpu(verifier: CausalLM, drafter: Drafter | None) -> bool:

@@ -6,7 +6,7 @@
 The worker keeps a *lookahead*: tokens drafted past the committed history on the assumption that every
 step is fully accepted (its own guess at each bonus token included), up to `limit`. Given a Hint, it
 also drafts the likeliest early-exit branches (branches.py). Epochs let each side drop stale messages.
-With `rank_width` > 0 and a RankingDraftModel, every drafted token carries the draft's top candidates at its
+With `rank_width` > 0 and a draft model that ranks, every drafted token carries the draft's top candidates at its
 position (Chunk.ranks): the verifier can build a step's Hint from them (branch_source "draft").
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import Draft, Drafter, DraftModel, RankingDraftModel
+from mirrorsd.contracts import Draft, Drafter
 from mirrorsd.runtime.decode.branches import Branch, Hint, plan_branches
 from mirrorsd.runtime.decode.estimates import Ema
 from mirrorsd.runtime.decode.step import check_draft
@@ -134,7 +134,9 @@ class DraftWorker:
         """threads: the draft model's CPU threads on this thread; core: run on this CPU core alone (CorePins)."""
         self.drafter, self.config, self.timeline = drafter, config, timeline
         self.vocab_size, self.threads, self.core = vocab_size, threads, core
-        self.rank_width = rank_width if isinstance(drafter, RankingDraftModel) else 0
+        self.model = drafter.model  # drafts token by token where the drafter runs a model
+        self.ranking = self.model.ranking if self.model is not None and rank_width else None
+        self.rank_width = rank_width if self.ranking is not None else 0
         self.draft_queue: queue.Queue = queue.Queue()
         self.verify_queue: queue.Queue = queue.Queue()
         self.cancelled = threading.Event()
@@ -162,8 +164,8 @@ class DraftWorker:
     def _run(self) -> None:
         leave_signals_to_the_main_thread()
         try:
-            if self.threads and isinstance(self.drafter, DraftModel) and self.drafter.lm.threads is not None:
-                self.drafter.lm.threads.set_threads(self.threads)  # this thread's; the verifier keeps its own
+            if self.threads and self.model is not None and self.model.lm.threads is not None:
+                self.model.lm.threads.set_threads(self.threads)  # this thread's; the verifier keeps its own
             with pinned(self.core, draft_control(self.drafter)):
                 self.drafter.start(self.config)
                 state = _State()
@@ -233,13 +235,13 @@ class DraftWorker:
         ranks = None
         with self.timeline.span(DRAFT, what) as span:
             start = time.perf_counter()
-            if self.rank_width:
-                ranked = list(self.drafter.propose_ranked(tuple(context), 1, self.rank_width))
+            if self.ranking is not None:
+                ranked = list(self.ranking.propose_ranked(tuple(context), 1, self.rank_width))
                 pairs = [(t, q) for t, q, _, _ in ranked]
                 ranks = _checked_ranks(ranked, self.rank_width, self.vocab_size)
-            elif isinstance(self.drafter, DraftModel):
-                pairs = list(self.drafter.propose_iter(tuple(context), 1))
-            if isinstance(self.drafter, DraftModel):
+            elif self.model is not None:
+                pairs = list(self.model.propose_iter(tuple(context), 1))
+            if self.model is not None:
                 rows = [q for _, q in pairs if q is not None]
                 draft = Draft([t for t, _ in pairs], np.stack(rows) if rows else None, self.drafter.name)
                 draft = check_draft(draft, min(max_tokens, 1), self.vocab_size)

@@ -10,18 +10,30 @@ The chosen drafter's name is the draft's source, so stats say which one served e
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import Draft, LearningDrafter
+from mirrorsd.contracts import Draft, Drafter
 
 OPTIMISTIC = 4.0  # expected accepted tokens before a (drafter, match length) has any history
 DECAY = 0.8
 
 
+class MatchingDrafter(Drafter, Protocol):
+    """A model-free drafter that continues a suffix match (n-gram, retrieval)."""
+
+    last_match: tuple[int, int]
+    """(match length, support) behind its last proposal; (0, 0) when it proposed nothing."""
+
+
 class ChainDrafter:
-    def __init__(self, *drafters) -> None:
+    model = None
+
+    def __init__(self, *drafters: MatchingDrafter) -> None:
         self.drafters = drafters
         self.name = "chain(" + ",".join(d.name for d in drafters) + ")"
+        self._learners = [d.learner for d in drafters if d.learner is not None]
+        self.learner = self if self._learners else None
         self.expected: dict[tuple[int, int], float] = {}  # (drafter index, match length bucket) -> accepted
         self._served: tuple[int, int] | None = None
 
@@ -51,6 +63,5 @@ class ChainDrafter:
             d.accepted(committed, n_accepted)
 
     def finish(self, prompt_ids: Sequence[int], generated: Sequence[int]) -> None:
-        for d in self.drafters:
-            if isinstance(d, LearningDrafter):
-                d.finish(prompt_ids, generated)
+        for learner in self._learners:
+            learner.finish(prompt_ids, generated)

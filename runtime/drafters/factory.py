@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from mirrorsd.contracts import Drafter, DraftModel
+from mirrorsd.contracts import Drafter
 from mirrorsd.errors import ConfigError
 from mirrorsd.runtime.drafters.chain import ChainDrafter
 from mirrorsd.runtime.drafters.model import ModelDrafter
 from mirrorsd.runtime.drafters.ngram import NGramDrafter
 from mirrorsd.runtime.drafters.retrieval import RetrievalDrafter
+
+
+DRAFTER_MEMBERS = ("name", "model", "learner", "start", "propose", "accepted")
 
 
 def make_drafter(spec: str | Drafter | None, target_tokenizer, target_name: str = "target", *,
@@ -25,9 +28,12 @@ def make_drafter(spec: str | Drafter | None, target_tokenizer, target_name: str 
     if spec is None or spec == "none":
         return None
     if not isinstance(spec, str):
-        if not isinstance(spec, Drafter):
-            raise ConfigError(f"draft must be a spec string or a Drafter, got {type(spec).__name__}",
-                              "pass e.g. draft='ngram', a model name, or an object with name/start/propose/accepted")
+        missing = [member for member in DRAFTER_MEMBERS if not hasattr(spec, member)]
+        if missing:  # a check of the caller's object, not a probe for abilities (those are declared)
+            raise ConfigError(f"draft must be a spec string or a Drafter, got {type(spec).__name__} "
+                              f"(it lacks {', '.join(missing)})",
+                              "pass e.g. draft='ngram', a model name, or an object with the members of "
+                              "mirrorsd.Drafter: " + ", ".join(DRAFTER_MEMBERS) + " (model/learner may be None)")
         return spec
     if spec == "ngram":
         return NGramDrafter()
@@ -63,4 +69,4 @@ def fallback_for(drafter: Drafter | None) -> Drafter | None:
     """The model-free drafter beside a draft model: n-gram (free to set up; retrieval would first need a
     datastore for this tokenizer). The pipeline lets it serve the steps where its draft, made at once,
     beats waiting for the model's, and every step once the draft model fails; then plain decoding."""
-    return NGramDrafter() if isinstance(drafter, DraftModel) else None
+    return NGramDrafter() if drafter is not None and drafter.model is not None else None

@@ -27,11 +27,15 @@ from mirrorsd.sampling import next_token_scores, sample_categorical
 
 
 class ModelDrafter:
-    """Implements mirrorsd.contracts.RankingDraftModel (a DraftModel that reports its top candidates)."""
+    """A Drafter that is its own DraftModel, and ranks (reports its top candidates at each position)."""
+
+    learner = None
 
     def __init__(self, lm: CausalLM, name: str | None = None) -> None:
         self.lm = lm
         self.name = name or lm.backend
+        self.model = self
+        self.ranking = self
         self._config = GenerationConfig()
         self._rng = np.random.default_rng()
 
@@ -54,7 +58,7 @@ class ModelDrafter:
     def propose_ranked(self, committed: Sequence[int], max_tokens: int,
                        kappa: int) -> Iterator[tuple[int, np.ndarray | None, np.ndarray, np.ndarray]]:
         """As propose_iter, with the top-kappa ids and log-probabilities of each token's distribution (the
-        processed one it was drafted from): Mirror-SD branch candidates from the draft (RankingDraftModel)."""
+        processed one it was drafted from): Mirror-SD branch candidates from the draft (its ranking)."""
         for token, q, scores in self._drafted(committed, max_tokens):
             # greedy: penalised logits; sampling: the processed probabilities (q)
             logp = torch.log_softmax(scores.float(), dim=-1) if q is None else torch.log(scores.float())

@@ -21,6 +21,8 @@ from mirrorsd.runtime.drafters.continuation import continuation_matrix, draft_le
 
 class NGramDrafter:
     name = "ngram"
+    model = None
+    learner = None
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1, min_share: float = 0.2,
                  max_occurrences: int = 64) -> None:

@@ -45,6 +45,7 @@ class _CountingDrafter(NGramDrafter):
         super().__init__()
         self.inside = self.most = 0
         self.guard = threading.Lock()
+        self.learner = self  # finish() marks the request's end
 
     def start(self, config):
         with self.guard:

@@ -17,11 +17,13 @@ from mirrorsd.runtime.drafters.continuation import draft_length_for_match
 
 class RetrievalDrafter:
     name = "retrieval"
+    model = None
 
     def __init__(self, datastore: Datastore, learn: bool = False, min_match: int = 2, max_match: int = 16,
                  min_share: float = 0.2) -> None:
         self.datastore = datastore
         self.learn = learn
+        self.learner = self if learn else None
         self.min_match, self.max_match, self.min_share = min_match, max_match, min_share
         self.last_match = (0, 0)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.contracts import HintOutcome, RankingDraftModel, Step
+from mirrorsd.contracts import HintOutcome, Step
 from mirrorsd.errors import ConfigError
 from mirrorsd.results import StatsRecorder
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
@@ -149,7 +149,7 @@ def test_draft_source_needs_no_early_exit_and_the_early_exit_layer_is_not_checke
 
 def test_model_drafter_ranks_the_distribution_it_drafts_from(target_model, tokenizer):
     drafter = ModelDrafter(TorchCausalLM(target_model))
-    assert isinstance(drafter, RankingDraftModel) and not isinstance(NGramDrafter(), RankingDraftModel)
+    assert drafter.model.ranking is drafter and NGramDrafter().model is None
     ids = tokenizer(PROMPTS[0])["input_ids"]
     for cfg in (GenerationConfig(), GenerationConfig(temperature=0.8, seed=1)):
         drafter.start(cfg)

@@ -76,6 +76,8 @@ class GarbageDrafter:
     """Returns random junk of every kind (and now and then a valid draft), seeded."""
 
     name = "garbage"
+    model = None
+    learner = None
 
     def __init__(self, vocab: int, seed: int) -> None:
         self.vocab, self.rng = vocab, np.random.default_rng(seed)

@@ -24,6 +24,8 @@ class Continues:
     """Proposes the continuation of TRUTH (or, off TRUTH, token 99 repeated); records every call."""
 
     name = "continues"
+    model = None
+    learner = None
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []
