@@ -28,7 +28,7 @@ from mirrorsd.apps.bench_configs import (CONFIGS, CPP_TARGET_ONLY, ONNX_TARGET_O
 from mirrorsd.apps.prompt_suite import CATEGORIES, BenchPrompt, bundled_suite, load_workload
 from mirrorsd.errors import ConfigError
 from mirrorsd.results import acceptance_by_source, add_drafter_tokens
-from mirrorsd.runtime.decode.threads import CorePins
+from mirrorsd.bench import CorePins
 
 QUICK = dict(target="smollm2-135m", draft_model=None, per_category=1, max_new_tokens=48, repeats=2)
 
@@ -83,7 +83,7 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
         if opts.draft_model and any("draft" in c.memory for c in chosen):
             from mirrorsd.devices import parse_dtype, resolve_device
             from mirrorsd.models import load_model
-            from mirrorsd.runtime.backends.cpu_kernels import use_onednn_linear
+            from mirrorsd.bench import use_onednn_linear
             from mirrorsd.tokenizer_check import check_tokenizers_match
 
             device = resolve_device("auto")  # the device Engine.load put the target on

@@ -31,8 +31,8 @@ import torch
 
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.results import FinishEvent, GenerationStats, Span
-from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
-from mirrorsd.runtime.drafters import ChainDrafter, ModelDrafter, NGramDrafter, RetrievalDrafter
+from mirrorsd.backends import TorchCausalLM
+from mirrorsd.drafters import ChainDrafter, ModelDrafter, NGramDrafter, RetrievalDrafter
 from mirrorsd.structured import GrammarLogitsProcessor
 
 
@@ -68,7 +68,7 @@ class BenchContext:
     def cpp_engine(self) -> Engine | None:
         """The same target's GGUF file on the llama.cpp backend, where llama-cpp-python is installed."""
         from mirrorsd.models import is_gguf
-        from mirrorsd.runtime.backends import llamacpp_installed
+        from mirrorsd.backends import llamacpp_installed
 
         if not (llamacpp_installed() and is_gguf(self.target_name)):
             return None
@@ -106,7 +106,7 @@ class BenchContext:
     def cpp_draft_lm(self):
         """The draft model's GGUF file on llama.cpp, for the llama.cpp draft-model rows."""
         from mirrorsd.models import is_gguf
-        from mirrorsd.runtime.backends import llamacpp_installed, load_lm
+        from mirrorsd.backends import llamacpp_installed, load_lm
 
         if self.draft_name is None or not llamacpp_installed() or not is_gguf(self.draft_name):
             return None
@@ -115,7 +115,7 @@ class BenchContext:
                 lm = load_lm(self.draft_name, "llamacpp", progress=True).lm
             else:  # pinned to one core: one compute thread
                 from mirrorsd.models import resolve_gguf
-                from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM
+                from mirrorsd.backends import LlamaCppLM
 
                 lm = LlamaCppLM(resolve_gguf(self.draft_name, True)[0], threads=self.draft_threads, gpu_layers=0)
             lm.score([0, 1, 2])
@@ -135,8 +135,8 @@ class BenchContext:
         """The exported draft on the backend the placement policy picks for it (ONNX Runtime's CPU provider
         on a machine without an NPU, Core ML for a Core ML export on a Mac), one instance shared by its
         rows, with the thread split the engine gives a CPU-provider export beside a CPU target."""
-        from mirrorsd.runtime.decode.threads import cpu_draft_threads
-        from mirrorsd.runtime.drafters.exported import drafter_from_export
+        from mirrorsd.bench import cpu_draft_threads
+        from mirrorsd.drafters import drafter_from_export
 
         if self.draft_export is None:
             return None
@@ -146,7 +146,7 @@ class BenchContext:
 
     @cached_property
     def datastore(self):
-        from mirrorsd.runtime.drafters.retrieval.datastore import Datastore, default_datastore
+        from mirrorsd.drafters import Datastore, default_datastore
 
         spec = self.datastore_spec
         if spec is None or isinstance(spec, Datastore):
@@ -338,8 +338,8 @@ def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    from mirrorsd.runtime.backends.cpu_kernels import physical_cores
-    from mirrorsd.runtime.backends.ggml_kernels import stock_kernels
+    from mirrorsd.bench import physical_cores
+    from mirrorsd.bench import stock_kernels
 
     lm = ctx.cpp_engine.verifier
     if prompt_lookup:  # a draft model makes llama-cpp-python keep logits for every position: its own context

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from mirrorsd.runtime.drafters.model import ModelDrafter
-from mirrorsd.runtime.replay import AcceptanceCounts, greedy_continuation, replay_acceptance
+from mirrorsd.drafters import ModelDrafter
+from mirrorsd.bench import AcceptanceCounts, greedy_continuation, replay_acceptance
 
 GOAL_SPEEDUP, GOAL_POINTS = 2.0, 2.0  # the int4 draft's goal: >= 2x torch float32, acceptance within 2 points
 
@@ -66,10 +66,10 @@ def run_draft_bench(draft: str = "qwen2.5-coder-0.5b", target: str = "qwen2.5-co
                     max_new_tokens: int = 64, k: int = 4, threads: int = 1, exports: str | None = None,
                     variants: tuple[str, ...] = ("fp32", "int8", "int4"), max_context: int = 1024) -> str:
     from mirrorsd.exporters import export_draft, read_manifest
-    from mirrorsd.runtime.backends.exported import load_export_lm
+    from mirrorsd.backends import load_export_lm
     from mirrorsd.models import load_model
-    from mirrorsd.runtime.drafters.exported import exports_dir
-    from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
+    from mirrorsd.drafters import exports_dir
+    from mirrorsd.backends import TorchCausalLM
 
     torch.set_num_threads(threads)
     cpu = torch.device("cpu")

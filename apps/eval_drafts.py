@@ -10,7 +10,7 @@ Acceptance measured on synthetic data misleads; this measures it on the user's o
    takes), alpha by draft position and by position in the generated sequence, and the draft's cost ratio
    c (propose seconds per drafted token / target seconds per decode step);
 3. predict the speedup for every K from Leviathan's formula, sequential and overlapped
-   (mirrorsd.runtime.decode.speedup), weighted by the share of steps that carry a draft at all (model-free
+   (mirrorsd.bench.speedup), weighted by the share of steps that carry a draft at all (model-free
    drafters often have nothing to propose), and take the best K;
 4. measure it: decode the same prompts end to end with each candidate at that K, interleaved with
    target-only runs, check the outputs token-equal, and recommend the drafter (and K) with the best
@@ -32,8 +32,8 @@ from mirrorsd.apps.bench import machine_info, versions
 from mirrorsd.apps.bench_configs import BenchContext, ours
 from mirrorsd.apps.prompt_suite import load_workload
 from mirrorsd.errors import ConfigError
-from mirrorsd.runtime.decode.speedup import best_k, speedup
-from mirrorsd.runtime.replay import BUCKET, AcceptanceCounts, replay_acceptance
+from mirrorsd.bench import best_k, speedup
+from mirrorsd.bench import BUCKET, AcceptanceCounts, replay_acceptance
 
 @dataclass
 class EvalOptions:
@@ -66,7 +66,7 @@ def run_eval_drafts(opts: EvalOptions, engine: Engine | None = None, candidates:
         console.print(f"loading {opts.target}")
         engine = Engine.load(target=opts.target, draft="none", dtype=opts.dtype, progress=True, backend=opts.backend)
     if candidates is None:
-        from mirrorsd.runtime.drafters import make_drafter
+        from mirrorsd.drafters import make_drafter
 
         candidates = {spec: make_drafter(spec, engine.tokenizer, opts.target, dtype=opts.dtype, progress=True,
                                          backend=opts.backend)

@@ -3,6 +3,8 @@ manifest.json and validation against PyTorch."""
 
 from mirrorsd.exporters.export import export_draft, export_verifier
 from mirrorsd.export_format import is_export, read_manifest
-from mirrorsd.exporters.validate import validate_export
+from mirrorsd.exporters.phases import PhaseLog, quiet_tools
+from mirrorsd.exporters.validate import Limits, validate_export
 
-__all__ = ["export_draft", "export_verifier", "is_export", "read_manifest", "validate_export"]
+__all__ = ["Limits", "PhaseLog", "export_draft", "export_verifier", "is_export", "quiet_tools", "read_manifest",
+           "validate_export"]

@@ -5,6 +5,7 @@
     result = engine.generate("Write a Python quicksort.", GenerationConfig(max_new_tokens=128))
 """
 
+from mirrorsd._lazy import lazy_names
 from mirrorsd.config import GenerationConfig, SamplingParams, SpeculativeConfig
 from mirrorsd.errors import (
     CatalogError,
@@ -20,24 +21,13 @@ from mirrorsd.errors import (
     TokenizerMismatchError,
 )
 
-# Imported on first use (PEP 562): they pull in torch and transformers, which take seconds to import,
-# and `mirrorsd --help` or an argument error should not wait for that.
-_LAZY = {
-    "Engine": "mirrorsd.engine", "verify": "mirrorsd.rejection",
-    **dict.fromkeys(("CausalLM", "Draft", "Drafter", "DraftModel", "Learner", "Ranking", "Step", "Verifier"),
-                    "mirrorsd.contracts"),
-    **dict.fromkeys(("FinishEvent", "GenerationResult", "GenerationStats", "TokenEvent"), "mirrorsd.results"),
+# Imported on first use (mirrorsd/_lazy.py): they pull in torch and transformers.
+_SOURCES = {
+    "mirrorsd.engine": ("Engine",), "mirrorsd.rejection": ("verify",),
+    "mirrorsd.contracts": ("CausalLM", "Draft", "Drafter", "DraftModel", "Learner", "Ranking", "Step", "Verifier"),
+    "mirrorsd.results": ("FinishEvent", "GenerationResult", "GenerationStats", "TokenEvent"),
 }
-
-
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'mirrorsd' has no attribute {name!r}")
-    import importlib
-
-    value = vars(importlib.import_module(_LAZY[name]))[name]
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(globals(), _SOURCES)
 
 
 __version__ = "0.1.0"

@@ -82,6 +82,20 @@ def test_the_runtime_does_not_import_the_exporters_or_the_apps(path):
     assert not bad, f"{path.name} imports {bad}: shared formats live in mirrorsd/ (export_format, tokenizer_check)"
 
 
+SDK_MODULES = {f"mirrorsd.{p.stem}" for p in (ROOT / "mirrorsd").glob("*.py") if not p.stem.startswith("_")}
+SDK = {"mirrorsd", "mirrorsd.devices", "mirrorsd.exporters"} | SDK_MODULES
+
+
+@pytest.mark.parametrize("path", sources("apps"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_apps_use_only_the_sdk(path):
+    """The apps see what any SDK user sees: the mirrorsd package's modules (drafters, backends and bench are
+    the facades for what the apps need beyond Engine), and the devices and exporters packages' top level."""
+    assert {"mirrorsd.drafters", "mirrorsd.backends", "mirrorsd.bench", "mirrorsd.engine"} <= SDK_MODULES
+    ours = {m for m in imports(path) if m == "mirrorsd" or m.startswith("mirrorsd.")}
+    bad = {m for m in ours if m not in SDK and not m.startswith("mirrorsd.apps")}
+    assert not bad, f"{path.name} imports {bad}: reach them through the SDK's public modules"
+
+
 @pytest.mark.parametrize("path", sources("runtime/decode"), ids=lambda p: p.name)
 def test_the_decode_loops_know_backends_and_drafters_only_by_their_protocols(path):
     bad = {m for m in imports(path) if m.startswith(("mirrorsd.runtime.backends", "mirrorsd.runtime.drafters", "torch"))}
@@ -104,3 +118,12 @@ def test_no_function_in_the_decode_path_is_over_forty_lines(path):
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             assert code_lines(node) <= 40, f"{path.name}:{node.name} is {code_lines(node)} lines"
+
+
+@pytest.mark.parametrize("facade", ["mirrorsd.drafters", "mirrorsd.backends", "mirrorsd.bench", "mirrorsd"])
+def test_the_sdk_modules_serve_every_name_they_list(facade):
+    import importlib
+
+    module = importlib.import_module(facade)
+    for name in module.__all__:
+        assert getattr(module, name) is not None, f"{facade}.{name}"

@@ -1,0 +1,14 @@
+"""Model backends (each a `CausalLM`): load a model by catalog name, folder, .gguf or export on a backend, or
+wrap one you hold; and check a backend's batch invariance (docs/exactness.md)."""
+
+from mirrorsd._lazy import lazy_names
+
+SOURCES = {
+    "mirrorsd.runtime.backends": ("llamacpp_installed", "load_lm"),
+    "mirrorsd.runtime.backends.torch_lm": ("TorchCausalLM",),
+    "mirrorsd.runtime.backends.llamacpp_lm": ("LlamaCppLM",),
+    "mirrorsd.runtime.backends.exported": ("load_export_lm",),
+    "mirrorsd.runtime.backends.invariance": ("check_batch_invariance", "greedy_tokens"),
+}
+__all__ = [name for names in SOURCES.values() for name in names]
+__getattr__ = lazy_names(globals(), SOURCES)

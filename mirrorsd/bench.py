@@ -1,0 +1,15 @@
+"""What `mirrorsd bench` and `eval-drafts` measure with, declared for your own measurements too: replaying a
+drafter against the target's tokens (acceptance by position), the speedup a measured acceptance and cost
+ratio give, core pinning for side-by-side runs (`CorePins`), and the CPU kernels' switches."""
+
+from mirrorsd._lazy import lazy_names
+
+SOURCES = {
+    "mirrorsd.runtime.replay": ("BUCKET", "AcceptanceCounts", "greedy_continuation", "replay_acceptance"),
+    "mirrorsd.runtime.decode.speedup": ("best_k", "speedup"),
+    "mirrorsd.runtime.decode.threads": ("CorePins", "cpu_draft_threads"),
+    "mirrorsd.runtime.backends.cpu_kernels": ("physical_cores", "use_onednn_linear"),
+    "mirrorsd.runtime.backends.ggml_kernels": ("batch_invariant_switch", "stock_kernels"),
+}
+__all__ = [name for names in SOURCES.values() for name in names]
+__getattr__ = lazy_names(globals(), SOURCES)
