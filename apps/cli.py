@@ -265,9 +265,9 @@ def devices(
 ) -> None:
     """What this machine has, and what would run where, and why."""
     from mirrorsd.devices import discover, place
-    from mirrorsd.devices.placement import ExportInfo, npu_backends
+    from mirrorsd.devices import ExportInfo, npu_backends
     from mirrorsd.export_format import read_manifest
-    from mirrorsd.runtime.drafters.exported import exports_dir
+    from mirrorsd.drafters import exports_dir
 
     inv = discover()
     print(f"system      {inv.system} {inv.machine}; CPU {inv.cpu}, {inv.cores} cores")
@@ -290,7 +290,7 @@ def devices(
         print(f"exports     {len(exports)} in {exports_dir()}" + "".join(f"\n            {e.path} ({e.format}, "
                                                                         f"{e.profile}, quant {e.quant})" for e in exports))
     p = place(inv, exports, explicit=bool(draft), draft_device=draft_device, verifier_device=verifier_device)
-    from mirrorsd.runtime.backends import llamacpp_installed
+    from mirrorsd.backends import llamacpp_installed
 
     if llamacpp_installed():
         import llama_cpp
@@ -315,8 +315,8 @@ def devices(
 def _check_invariance(target: str, backend: str) -> None:
     """`devices --check`: the target's verify passes against its one-token decoding, bit for bit."""
     from mirrorsd.errors import ConfigError
-    from mirrorsd.runtime.backends import load_lm
-    from mirrorsd.runtime.backends.invariance import check_batch_invariance
+    from mirrorsd.backends import load_lm
+    from mirrorsd.backends import check_batch_invariance
 
     loaded = load_lm(target, backend, progress=True)
     lm, ids = loaded.lm, loaded.tokenizer("Batch invariance: the same logits in a batch as alone.")["input_ids"]
@@ -366,8 +366,8 @@ def export_cmd(
 
     from mirrorsd.apps.export_view import PhaseDisplay
     from mirrorsd.errors import ConfigError
-    from mirrorsd.exporters.phases import PhaseLog
-    from mirrorsd.exporters.validate import Limits
+    from mirrorsd.exporters import PhaseLog
+    from mirrorsd.exporters import Limits
 
     limits = Limits(**{k: v for k, v in (("atol", atol), ("top1_min", min_top1)) if v is not None})
     if not (limits.atol >= 0 and 0 <= limits.top1_min <= 1):
@@ -397,7 +397,7 @@ def export_cmd(
 def _validate_export(folder: str, target: str | None, provider: str, limits, phases, verbose: bool) -> dict:
     """`mirrorsd export --validate DIR`: the report, against the export's own model or --target's."""
     from mirrorsd.exporters import validate_export
-    from mirrorsd.exporters.phases import quiet_tools
+    from mirrorsd.exporters import quiet_tools
 
     with quiet_tools(verbose):
         target_model = None
@@ -541,8 +541,9 @@ def handoff(
     to: Annotated[str, typer.Option(help="The engine to hand off to: vllm.")] = "vllm",
     target: Annotated[Optional[str], typer.Option(help="Target model (default: the report's, else "
                                                        "smollm2-135m).")] = None,
-    draft: Annotated[Optional[str], typer.Option(help="ngram | a draft model (catalog name, folder, .gguf); "
-                                                      "default: the report's recommendation, else ngram.")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="ngram | retrieval[:DIR] | chain[:DIR] (ours, inside vLLM) | "
+                                                      "a draft model (catalog name, folder, .gguf); default: the "
+                                                      "report's recommendation, else ngram.")] = None,
     k: Annotated[Optional[int], typer.Option("--k", help="Tokens to speculate per step (default: the report's "
                                                          "best K for the drafter).")] = None,
     eval_report: Annotated[Optional[str], typer.Option(help="An eval-drafts.json (mirrorsd eval-drafts) to take "
@@ -586,7 +587,7 @@ def datastore_build(
     import time
 
     from mirrorsd.errors import ConfigError
-    from mirrorsd.runtime.drafters.retrieval.datastore import build_datastore
+    from mirrorsd.drafters import build_datastore
 
     if segment_tokens < 1:
         raise ConfigError(f"--segment-tokens must be >= 1, got {segment_tokens}", "the default is 8000000")
@@ -600,7 +601,7 @@ def datastore_build(
 @datastore_app.command("info")
 def datastore_info(path: Annotated[str, typer.Argument(help="A datastore folder.")]) -> None:
     """Say what a datastore holds (and check that it opens)."""
-    from mirrorsd.runtime.drafters.retrieval.datastore import Datastore
+    from mirrorsd.drafters import Datastore
 
     store = Datastore.open(path)
     h = store.header

