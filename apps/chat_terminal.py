@@ -69,32 +69,48 @@ def read_message(read: Callable[[str], str]) -> str:
     return line
 
 
+SETTINGS = {  # command -> (setting, its type, what a valid value is, its name in confirmations)
+    "/temp": ("temperature", float, "a number >= 0 (0 = greedy)", "temperature"),
+    "/max": ("max_new_tokens", int, "a whole number >= 1", "max tokens"),
+}
+
+
+def change_setting(session: ChatSession, command: str, arg: str) -> str:
+    """/temp X, /max N: the new value; without a value, the current one; a bad value, the usage."""
+    name, kind, valid, label = SETTINGS[command]
+    current = getattr(session.settings, name)
+    usage = f"usage: {command} {'X' if kind is float else 'N'}, {valid} (now {current})"
+    if not arg:
+        return usage
+    try:
+        with_settings(session, **{name: kind(arg)})
+    except (ValueError, MirrorsdError):
+        return usage
+    return f"({label} {getattr(session.settings, name)})"
+
+
 def run_command(session: ChatSession, text: str, last_stats: dict) -> str | None:
     """Carry out a /command and say what happened; None for /quit."""
     command, _, arg = text.partition(" ")
     arg = arg.strip()
     if command in ("/quit", "/exit"):
         return None
-    try:
-        if command == "/new":
-            session.new_chat()
-            return "(new chat)"
-        if command == "/system":
-            with_settings(session, system=arg)
-            return f"(system prompt: {arg})" if arg else "(system prompt cleared)"
-        if command == "/temp":
-            with_settings(session, temperature=float(arg))
-            return f"(temperature {session.settings.temperature})"
-        if command == "/max":
-            with_settings(session, max_new_tokens=int(arg))
-            return f"(max tokens {session.settings.max_new_tokens})"
-        if command == "/stats":
-            return json.dumps(last_stats) if last_stats else "(no reply yet)"
-    except (ValueError, MirrorsdError) as exc:
-        return f"error: {exc}"
+    if command == "/new":
+        session.new_chat()
+        return "(new chat)"
+    if command == "/system":
+        with_settings(session, system=arg)
+        return f"(system prompt: {arg})" if arg else "(system prompt cleared)"
+    if command in SETTINGS:
+        return change_setting(session, command, arg)
+    if command == "/stats":
+        return json.dumps(last_stats) if last_stats else "(no reply yet)"
     if command == "/help":
         return HELP
     return f"unknown command {command}\n{HELP}"
+
+
+QUIT_HINT = "(Use Ctrl + d or /quit to exit.)"
 
 
 def run_terminal_chat(session: ChatSession, read: Callable[[str], str] | None = None, out: TextIO = sys.stdout,
@@ -108,9 +124,12 @@ def run_terminal_chat(session: ChatSession, read: Callable[[str], str] | None = 
     while True:
         try:
             text = read_message(read).strip()
-        except (EOFError, KeyboardInterrupt):
+        except EOFError:
             out.write("\n")
             return
+        except KeyboardInterrupt:  # as ollama: Ctrl-C clears the line, it does not end the chat
+            out.write("\n" + dim(QUIT_HINT) + "\n")
+            continue
         if not text:
             continue
         if text.startswith("/"):

@@ -90,8 +90,7 @@ def generate(
     seed: Annotated[Optional[int], typer.Option(help="Seed for sampling.")] = None,
     num_draft_tokens: Annotated[int, typer.Option("--k", help="Draft tokens per step (start value if adaptive).")] = DEFAULTS.num_draft_tokens,
     stop: Annotated[Optional[list[str]], typer.Option(help="Stop string (repeatable).")] = None,
-    device: Annotated[str, typer.Option("--verifier-device", "--device",
-                                        help="Target (verifier) device: auto | cpu | cuda[:N] | mps | xpu.")] = "auto",
+    device: Annotated[str, typer.Option(help="Target device: auto | cpu | cuda[:N] | mps | xpu.")] = "auto",
     draft_device: Annotated[Optional[str], typer.Option(
         help="Draft device: a torch device for a draft model (default: the verifier's), or a backend for an "
              "export: cpu | coreml | qnn | openvino | dml | vitisai | cuda (default: the placement policy).")] = None,
@@ -153,17 +152,16 @@ def generate(
             sys.stdout.flush()
     s = result.stats
     if as_json:
-        print(json.dumps(result.to_dict()))
+        print(json.dumps({"model": target, **result.to_dict()}))
     else:
         alpha = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"
         if len(s.acceptance_by_drafter) > 1:
             alpha += " (" + ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance_by_drafter.items()) + ")"
         hidden = "" if s.pipeline == "sequential" else f", {s.pipeline}: {s.hidden_draft_share or 0:.0%} of draft time hidden"
-        shares = ", ".join(f"{k} {v:.0%}" for k, v in s.drafter_shares.items())
-        served = f" (steps: {shares})" if len(s.drafter_shares) > 1 else ""
         inexact = "" if s.exact else " (inexact backend: verify passes not batch-invariant)"
         print(f"\n\n[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s on {s.backend}{inexact}, "
-              f"drafter {s.drafter}{served}, "
+              f"first token after {s.time_to_first_token_s:.2f} s (prompt {s.prompt_time_s:.2f} s), "
+              f"drafts: {s.drafted_by}, {s.drafting_share:.0%} of steps, "
               f"acceptance {alpha}, mean accepted length {s.mean_accepted_length:.2f}, "
               f"{s.verify_steps} verify steps{hidden}, finish: {result.finish_reason}]", file=sys.stderr)
         if trace:
@@ -257,7 +255,7 @@ def eval_drafts(
 def devices(
     draft: Annotated[Optional[str], typer.Option(help="An export folder to place (default: the exports cache).")] = None,
     draft_device: Annotated[Optional[str], typer.Option(help="Draft backend override.")] = None,
-    verifier_device: Annotated[Optional[str], typer.Option(help="Verifier device override.")] = None,
+    verifier_device: Annotated[Optional[str], typer.Option("--device", help="Target device override.")] = None,
     check: Annotated[Optional[str], typer.Option(help="Check a target's batch invariance on its backend: verify "
                                                 "passes of 1..17 positions against one-token decoding "
                                                 "(a catalog name, .gguf, folder or export).")] = None,
@@ -461,6 +459,7 @@ def chat(
     draft: Draft = "auto",
     temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 samples.")] = 0.7,
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens per reply.")] = 512,
+    system: Annotated[str, typer.Option(help="A system message before the conversation (/system changes it).")] = "",
     device: Device = "auto",
     dtype: Dtype = "auto",
     backend: Backend = "auto",
@@ -472,7 +471,7 @@ def chat(
     from mirrorsd.apps.chat import run_chat
     from mirrorsd.apps.chat_session import ChatSettings
 
-    settings = ChatSettings(temperature=temperature, max_new_tokens=max_new_tokens)
+    settings = ChatSettings(temperature=temperature, max_new_tokens=max_new_tokens, system=system)
     settings.config()  # bad settings fail here, before any model loads
     sys.exit(run_chat(target, draft, device, dtype, settings, terminal=terminal, highlight=highlight,
                       backend=backend))
@@ -610,13 +609,26 @@ def datastore_info(path: Annotated[str, typer.Argument(help="A datastore folder.
                       "version": h["version"]}, indent=1))
 
 
+# Old spellings, still accepted and not shown: one name per concept in the help.
+HIDDEN_ALIASES = {"--verifier-device": "--device"}
+
+
+def _unaliased(args: list[str]) -> list[str]:
+    """argv with old option spellings (also as --old=value) replaced by their current names."""
+    out = []
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        out.append(HIDDEN_ALIASES[name] + eq + value if name in HIDDEN_ALIASES else arg)
+    return out
+
+
 def main() -> None:
     try:  # typer 0.2x vendors click; older typer uses click itself
         from typer._click.exceptions import UsageError
     except ImportError:
         from click.exceptions import UsageError
     try:
-        code = app(standalone_mode=False, prog_name="mirrorsd")
+        code = app(args=_unaliased(sys.argv[1:]), standalone_mode=False, prog_name="mirrorsd")
     except UsageError as err:  # a bad option value, an unknown option or command: the same shape as ours
         print(f"mirrorsd: error: {err.format_message()}", file=sys.stderr)
         print(f"  hint: see `{err.ctx.command_path if err.ctx else 'mirrorsd'} --help`", file=sys.stderr)

@@ -1,8 +1,8 @@
 """OpenAI-compatible HTTP server on one Engine: `mirrorsd serve` (FastAPI + uvicorn).
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (both with "stream": true for SSE),
-GET /v1/models, GET /health. Responses carry OpenAI's `usage`, llama.cpp-style `timings` and a
-`speculative` block (GenerationStats.to_dict(): acceptance, mean accepted length, drafter, ...).
+GET /v1/models, GET /v1/models/{model}, GET /health, and GET / (where the API is). Responses carry OpenAI's
+`usage`, llama.cpp-style `timings` and a `speculative` block (GenerationStats.to_dict(): acceptance, mean accepted length, drafter, ...).
 
 Requests are served in turn: one worker thread runs them on the single Engine, first come first
 served; a client that disconnects (mid-stream, or while its request waits) cancels its generation.
@@ -395,10 +395,24 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
     async def health() -> dict:
         return runner.health()
 
+    model_card = {"id": model_id, "object": "model", "created": created, "owned_by": "mirrorsd"}
+
+    @app.get("/")
+    async def root() -> dict:
+        return {"object": "mirrorsd.server", "model": model_id, "openai_api": "/v1",
+                "endpoints": ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
+                              "GET /v1/models/{model}", "GET /health"], "docs": "/docs"}
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
-                                            "owned_by": "mirrorsd"}]}
+        return {"object": "list", "data": [model_card]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict:
+        if model != model_id:
+            raise OpenAIError(404, f"The model `{model}` does not exist; this server serves `{model_id}`",
+                              param="model", code="model_not_found")
+        return model_card
 
     def prepare(body: _Request, prompt) -> tuple[list[int], GenerationConfig]:
         refused = _refused(body.model_extra or {})
@@ -530,6 +544,7 @@ def _accounting(result: GenerationResult) -> dict:
                   "total_tokens": s.prompt_tokens + completion,
                   "prompt_tokens_details": {"cached_tokens": s.cached_prompt_tokens}},
         "timings": {"cache_n": s.cached_prompt_tokens, "prompt_n": s.prompt_tokens - s.cached_prompt_tokens,
+                    "prompt_ms": s.prompt_time_s * 1000.0, "time_to_first_token_ms": s.time_to_first_token_s * 1000.0,
                     "predicted_n": completion, "predicted_ms": total_ms,
                     "predicted_per_token_ms": total_ms / completion if completion else 0.0,
                     "predicted_per_second": s.tokens_per_second, "draft_n": s.drafted_tokens,

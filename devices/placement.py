@@ -4,7 +4,7 @@ A pure function of an Inventory (mirrorsd.devices.discovery) and the exported dr
 is tested against what a Mac, a Snapdragon laptop, an Intel Core Ultra laptop, an NVIDIA desktop and
 a plain CPU box report:
 
-- verifier: the user's --verifier-device, else a GPU (CUDA, MPS, XPU), else the CPU;
+- verifier: the user's --device, else a GPU (CUDA, MPS, XPU), else the CPU;
 - draft: the user's --draft-device; else the first NPU backend present that the export fits
   (Core ML on Apple silicon; QNN on Snapdragon; OpenVINO NPU on Intel Core Ultra; VitisAI on Ryzen AI;
   DirectML where it lists an NPU); an export asked for by name with no NPU to take it runs on the
@@ -89,7 +89,7 @@ def _preference(export: ExportInfo, backend: str) -> int:
 
 def _verifier(inv: Inventory, override: str | None) -> tuple[str, str]:
     if override and override != "auto":
-        return override, "asked for (--verifier-device)"
+        return override, "asked for (--device)"
     for backend in inv.torch:
         if backend.kind in ("cuda", "mps", "xpu"):
             memory = f", {backend.memory_gb} GB" if backend.memory_gb else ""

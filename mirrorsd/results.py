@@ -38,6 +38,8 @@ class GenerationStats:
     verify_time_s: float = 0.0  # the target's busy time: verify passes, prompt prefill included
     draft_hidden_s: float = 0.0  # drafting time that overlapped a verify pass (pipeline modes)
     total_time_s: float = 0.0
+    time_to_first_token_s: float = 0.0  # from the request's start to its first committed token
+    prompt_time_s: float = 0.0  # the first verify pass: the prompt's prefill (what the cache lacked) and its logits
     per_position_drafted: tuple[int, ...] = ()
     per_position_accepted: tuple[int, ...] = ()
     drafters: dict[str, int] = field(default_factory=dict)  # source -> verify steps it served ("none": plain)
@@ -130,8 +132,22 @@ class GenerationStats:
         """What served most verify steps: a drafter's source, "none" when plain steps were the most, or for
         a chain whose members together served most, "chain(ngram 60%, retrieval 40%)" (shares of its steps).
         On a tie a drafter wins over "none". `drafters` keeps the per-source step counts."""
+        return self._most_steps(self.drafters)
+
+    @property
+    def drafted_by(self) -> str:
+        """What drafted, plain steps aside: the source (or chain, with its members' shares) that served most of
+        the steps that carried a draft; "none" when no step did (`drafting_share` says how many did)."""
+        return self._most_steps({s: n for s, n in self.drafters.items() if s != "none"})
+
+    @property
+    def drafting_share(self) -> float:
+        """The share of verify steps that carried a drafter's draft (the gate runs the others plainly)."""
+        return round(1 - self.drafters.get("none", 0) / self.verify_steps, 3) if self.verify_steps else 0.0
+
+    def _most_steps(self, drafters: dict[str, int]) -> str:
         served: Counter[str] = Counter()
-        for source, n in self.drafters.items():
+        for source, n in drafters.items():
             served[_CHAIN if source in self.chain else source] += n
         if not served:
             return "none"
@@ -151,6 +167,8 @@ class GenerationStats:
             mean_accepted_length=self.mean_accepted_length,
             per_position_acceptance=self.per_position_acceptance,
             drafter=self.drafter,
+            drafted_by=self.drafted_by,
+            drafting_share=self.drafting_share,
             drafter_shares=self.drafter_shares,
             hidden_draft_share=self.hidden_draft_share,
             draft_idle_s=self.draft_idle_s,
@@ -182,6 +200,8 @@ class StatsRecorder:
 
     def add(self, step, committed_tokens: int) -> None:
         s = self.values
+        if not s["verify_steps"]:
+            s["prompt_time_s"] = step.verify_time
         s["verify_steps"] += 1
         s["generated_tokens"] += committed_tokens
         s["drafted_tokens"] += step.n_drafted
@@ -223,6 +243,8 @@ class StatsRecorder:
         frozen = {name: tuple(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
                   for name, v in self.values.items()}
         frozen["total_time_s"] = total_time
+        if not self.values["time_to_first_token_s"] and self.values["generated_tokens"]:
+            self.values["time_to_first_token_s"] = frozen["time_to_first_token_s"] = total_time  # the first one
         if self.timeline is not None:  # measured busy time per worker, overlap included
             busy = self.timeline.busy
             frozen.update(draft_time_s=busy["draft"], verify_time_s=busy["verify"],

@@ -45,9 +45,32 @@ def test_commands_history_and_highlighting(tokenizer, target_model):
     assert session.messages[1]["content"] == first.text
     assert "(max tokens 12)" in text and "tokens 12 ·" in text and "mean accepted length" in text
     assert '"verify_steps"' in text  # /stats prints the whole stats dict
-    assert "error: temperature must be >= 0" in text and "commands:" in text
+    assert "usage: /temp X, a number >= 0 (0 = greedy) (now 0.0)" in text and "commands:" in text
     if any(first.from_draft):
         assert DRAFT_STYLE in text
+
+
+def test_ctrl_c_at_the_prompt_says_how_to_quit_and_bad_settings_get_their_usage(tokenizer, target_model):
+    session = ChatSession(Engine(target_model, tokenizer, NGramDrafter(), name="tiny"),
+                          ChatSettings(temperature=0.0, max_new_tokens=8))
+    lines = iter(["/max abc", "/temp", "/max 0", "/temp 0.5", "hi"])
+
+    def read(prompt: str) -> str:
+        if read.interrupted is False:  # the user typed something, then pressed Ctrl-C
+            read.interrupted = True
+            raise KeyboardInterrupt
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+    read.interrupted = False
+    out = Screen()
+    run_terminal_chat(session, read, out)
+    text = out.getvalue()
+    assert "(Use Ctrl + d or /quit to exit.)" in text
+    assert text.count("usage: /max N, a whole number >= 1 (now 8)") == 2 and "usage: /temp X" in text
+    assert "(temperature 0.5)" in text and "Traceback" not in text and "invalid literal" not in text
+    assert [m["role"] for m in session.messages] == ["user", "assistant"]  # the chat went on after Ctrl-C
 
 
 def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(tokenizer, target_model, ctrl_c_raises):

@@ -21,6 +21,8 @@ def test_generate_json_on_a_local_folder_matches_target_only(tiny_folder):
     assert set(shares) == set(a["stats"]["drafters"]) and abs(sum(shares.values()) - 1) < 0.01
     assert a["stats"]["drafter"] == max(shares, key=lambda k: (shares[k], k != "none"))
     assert set(a["stats"]["acceptance_by_drafter"]) == {s for s, (d, _) in a["stats"]["drafter_tokens"].items() if d}
+    assert a["model"] == str(tiny_folder)
+    assert 0 < a["stats"]["prompt_time_s"] <= a["stats"]["time_to_first_token_s"] <= a["stats"]["total_time_s"]
 
 
 def test_bad_arguments_give_a_message_not_a_traceback(tiny_folder):
@@ -191,3 +193,10 @@ def test_devices_check_measures_the_targets_batch_invariance():
     r = run("devices", "--check", "smollm2-135m")
     assert r.returncode == 0 and "smollm2-135m: llamacpp:cpu: batch-invariant" in r.stdout, r.stdout + r.stderr
     assert "declares exact verify passes" in r.stdout
+
+
+def test_the_old_verifier_device_spelling_is_a_hidden_alias_of_device():
+    shown = run("generate", "--help")
+    assert "--device" in shown.stdout and "--verifier-device" not in shown.stdout
+    placed = run("devices", "--verifier-device=cpu")
+    assert placed.returncode == 0 and "verifier -> cpu: asked for (--device)" in placed.stdout

@@ -55,6 +55,7 @@ def test_chat_completion_matches_the_engine_and_carries_stats(client, engine):
     assert again.model_extra["timings"]["prompt_n"] == 1
     assert extra["timings"]["predicted_n"] == len(expected.token_ids)
     assert extra["timings"]["draft_n_accepted"] <= extra["timings"]["draft_n"]
+    assert 0 < extra["timings"]["prompt_ms"] <= extra["timings"]["time_to_first_token_ms"] <= extra["timings"]["predicted_ms"]
     spec = extra["speculative"]
     for key in ("tokens_per_second", "acceptance_rate", "mean_accepted_length", "drafter", "verify_steps"):
         assert key in spec
@@ -97,6 +98,11 @@ def test_text_completions_with_and_without_streaming(client, engine):
 
 def test_models_and_health(client, server):
     assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("gpt-4o")
+    root = httpx.get(server.url + "/", headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert root["model"] == MODEL and "POST /v1/chat/completions" in root["endpoints"]
     health = httpx.get(server.url + "/health").json()  # no key needed for /health
     assert health["status"] == "ok" and "finished" in health
 

@@ -66,3 +66,24 @@ def test_acceptance_by_drafter_splits_the_tokens_among_the_sources(target_model,
         source: round(a / d, 3) for source, (d, a) in sorted(s.drafter_tokens.items())}
     assert GenerationStats(drafter_tokens={"onnx:CPU": (20, 19), "ngram": (3, 0)}).acceptance_by_drafter == {
         "ngram": 0.0, "onnx:CPU": 0.95}
+
+
+def test_time_to_first_token_and_prompt_time_are_measured_once(target_model, tokenizer):
+    engine = Engine(target_model, tokenizer, NGramDrafter())
+    events = list(engine.stream(PROMPTS[0], GenerationConfig(max_new_tokens=24)))
+    firsts = {e.stats.time_to_first_token_s for e in events[:-1]}
+    s = events[-1].result.stats
+    assert firsts == {s.time_to_first_token_s}  # set by the first token, then kept
+    assert 0 < s.prompt_time_s <= s.time_to_first_token_s < s.total_time_s
+
+
+@pytest.mark.parametrize("drafters, chain, drafted_by, share", [
+    ({"ngram": 4, "none": 8}, (), "ngram", 0.333),  # what drafted, though plain steps were the most
+    ({}, (), "none", 0.0),
+    ({"none": 5}, (), "none", 0.0),
+    ({"ngram": 3, "retrieval": 2, "none": 13}, ("ngram", "retrieval"), "chain(ngram 60%, retrieval 40%)", 0.278),
+])
+def test_drafted_by_names_what_drafted_and_drafting_share_how_often(drafters, chain, drafted_by, share):
+    stats = GenerationStats(verify_steps=sum(drafters.values()), drafters=drafters, chain=chain)
+    assert (stats.drafted_by, stats.drafting_share) == (drafted_by, share)
+    assert stats.to_dict()["drafted_by"] == drafted_by
