@@ -504,7 +504,8 @@ def serve(
     allowed_hosts: Annotated[Optional[list[str]], typer.Option(help="A Host name to answer besides the loopback "
                                                                "ones (repeatable); others get 403.")] = None,
 ) -> None:
-    """OpenAI-compatible server: /v1/chat/completions, /v1/completions (SSE streaming), /v1/models, /health."""
+    """OpenAI- and ollama-compatible server: /v1/chat/completions, /v1/completions (SSE streaming), /v1/models,
+    /health; ollama's /api/chat, /api/generate (NDJSON streaming), /api/tags, /api/show, /api/ps."""
     try:
         from mirrorsd.apps.server import ServerLimits, serve as run_server
     except ImportError as exc:

@@ -395,6 +395,9 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
     async def health() -> dict:
         return runner.health()
 
+    from mirrorsd.apps.ollama_api import add_ollama_routes
+
+    add_ollama_routes(app, engine, runner, model_id, limits)
     model_card = {"id": model_id, "object": "model", "created": created, "owned_by": "mirrorsd"}
 
     @app.get("/")

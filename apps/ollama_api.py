@@ -1,0 +1,239 @@
+"""ollama's API beside the OpenAI one, on the same Engine and request queue: tools that speak only ollama's
+protocol work against `mirrorsd serve`.
+
+POST /api/chat and /api/generate (streamed as NDJSON unless "stream": false), GET /api/tags, POST /api/show,
+GET /api/ps, GET /api/version. Field names are ollama's (`eval_count`, `prompt_eval_duration`, `done_reason`,
+durations in nanoseconds); errors are ollama's `{"error": "..."}`. `options` map onto the sampling settings
+(OPTIONS); runtime knobs that change no token are ignored (IGNORED_OPTIONS); options that would change the
+reply in a way this server does not apply, and fields it does not support, are refused with a 400, never
+silently dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from mirrorsd.config import GenerationConfig
+from mirrorsd.errors import MirrorsdError
+from mirrorsd.results import FinishEvent, GenerationResult, TokenEvent
+
+API_VERSION = "0.6.3"  # the ollama API release whose shapes these endpoints follow
+DEFAULT_TEMPERATURE = 0.8  # ollama's default where a request sets none
+OPTIONS = {  # ollama option -> GenerationConfig field
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
+    "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "num_predict": "max_new_tokens", "stop": "stop",
+}
+IGNORED_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "use_mmap", "use_mlock",
+                   "numa", "low_vram", "vocab_only", "f16_kv", "logits_all")
+UNSUPPORTED_FIELDS = ("images", "tools", "context", "template", "suffix", "logprobs", "top_logprobs")
+
+
+class OllamaError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(status_code=self.status, content={"error": self.message})
+
+
+def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
+    from mirrorsd.apps.server import OpenAIError, _collect
+
+    def check_model(name) -> None:
+        if name not in (model_id, f"{model_id}:latest"):
+            raise OllamaError(404, f"model '{name}' not found; this server serves '{model_id}'")
+
+    async def body_of(request: Request) -> dict:
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            raise OllamaError(400, f"invalid JSON body: {exc}") from None
+        if not isinstance(body, dict):
+            raise OllamaError(400, "the body must be a JSON object")
+        return body
+
+    async def run(request: Request, body: dict, ids: list[int], config: GenerationConfig, chat: bool):
+        try:
+            job = runner.submit(ids, config)
+        except OpenAIError as exc:  # the queue is full, or the server is stopping
+            raise OllamaError(exc.status, exc.message) from None
+        if body.get("stream", True):
+            return StreamingResponse(_lines(job, model_id, chat, ids), media_type="application/x-ndjson")
+        return await _whole(job, request, model_id, chat, ids, _collect)
+
+    @app.exception_handler(OllamaError)
+    async def _ollama_error(request, exc: OllamaError):
+        return exc.response()
+
+    @app.post("/api/chat")
+    async def chat(request: Request):
+        body = await body_of(request)
+        check_model(body.get("model"))
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise OllamaError(400, "messages must be a list of {role, content} objects")
+        prompt = [{"role": m.get("role"), "content": m.get("content", "")} for m in messages]
+        ids, config = await asyncio.to_thread(prepare, engine, body, prompt, limits)  # tokenising: off the loop
+        return await run(request, body, ids, config, chat=True)
+
+    @app.post("/api/generate")
+    async def generate(request: Request):
+        body = await body_of(request)
+        check_model(body.get("model"))
+        prompt = body.get("prompt", "")
+        if not isinstance(prompt, str):
+            raise OllamaError(400, "prompt must be a string")
+        if not prompt:  # ollama: an empty prompt loads the model and answers at once
+            return {"model": model_id, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
+        system = body.get("system") or ""
+        request_prompt = prompt if body.get("raw") else (
+            ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}])
+        ids, config = await asyncio.to_thread(prepare, engine, body, request_prompt, limits)
+        return await run(request, body, ids, config, chat=False)
+
+    @app.get("/api/tags")
+    async def tags() -> dict:
+        return {"models": [card(engine, model_id)]}
+
+    @app.post("/api/show")
+    async def show(request: Request) -> dict:
+        body = await body_of(request)
+        check_model(body.get("model") or body.get("name"))
+        template = getattr(engine.tokenizer, "chat_template", None) or ""
+        info = card(engine, model_id)
+        return {"modelfile": f"FROM {model_id}\n", "parameters": f"temperature {DEFAULT_TEMPERATURE}",
+                "template": template, "details": info["details"], "capabilities": ["completion"],
+                "model_info": {"mirrorsd.backend": engine.verifier.backend,
+                               "mirrorsd.drafter": engine.drafter.name if engine.drafter is not None else "none"},
+                "modified_at": info["modified_at"]}
+
+    @app.get("/api/ps")
+    async def ps() -> dict:
+        loaded = card(engine, model_id)
+        loaded.update(expires_at=(datetime.now(timezone.utc) + timedelta(days=365)).isoformat(), size_vram=0)
+        return {"models": [loaded]}
+
+    @app.get("/api/version")
+    async def version() -> dict:
+        return {"version": API_VERSION}
+
+
+def prepare(engine, body: dict, prompt, limits) -> tuple[list[int], GenerationConfig]:
+    """The request's token ids and GenerationConfig from ollama's fields and options."""
+    unsupported = [f for f in UNSUPPORTED_FIELDS if body.get(f) not in (None, [], {}, "", False)]
+    if unsupported:
+        raise OllamaError(400, f"{unsupported[0]} is not supported by this server (it would be ignored, and the "
+                               "reply would not be what you asked for)")
+    options = body.get("options") or {}
+    if not isinstance(options, dict):
+        raise OllamaError(400, "options must be an object")
+    refused = sorted(set(options) - set(OPTIONS) - set(IGNORED_OPTIONS))
+    if refused:
+        raise OllamaError(400, f"option {refused[0]} is not supported (applied: {', '.join(OPTIONS)}; "
+                               f"ignored, as they change no token: {', '.join(IGNORED_OPTIONS)})")
+    given = {OPTIONS[k]: v for k, v in options.items() if k in OPTIONS and v is not None}
+    wanted = given.pop("max_new_tokens", None)
+    if wanted is not None and (not isinstance(wanted, int) or isinstance(wanted, bool)):
+        raise OllamaError(400, f"num_predict must be an integer, got {wanted!r}")
+    if wanted is not None and wanted > limits.max_tokens:
+        raise OllamaError(400, f"num_predict is {wanted}; this server allows at most {limits.max_tokens}")
+    stop = given.pop("stop", ())
+    try:
+        ids = engine.encode(prompt)
+        config = GenerationConfig(
+            max_new_tokens=wanted if wanted is not None and wanted > 0 else limits.max_tokens,  # -1, -2: to the limit
+            stop=(stop,) if isinstance(stop, str) else tuple(stop), json_schema=_schema(body.get("format")),
+            **{"temperature": DEFAULT_TEMPERATURE, **given})
+        engine.constraint(config)  # a schema that does not compile is this request's 400
+    except (MirrorsdError, TypeError, ValueError) as exc:
+        raise OllamaError(400, str(exc)) from None
+    return ids, config
+
+
+def _schema(fmt) -> dict | None:
+    if fmt in (None, ""):
+        return None
+    if fmt == "json":
+        return {"type": "object"}
+    if isinstance(fmt, dict):
+        return fmt
+    raise OllamaError(400, f'format must be "json" or a JSON schema object, got {fmt!r}')
+
+
+def card(engine, model_id: str) -> dict:
+    """The model as /api/tags lists it (what the server knows of it: no file size for in-memory models)."""
+    backend = engine.verifier.backend
+    return {"name": model_id, "model": model_id, "modified_at": _now(), "size": 0,
+            "digest": hashlib.sha256(model_id.encode()).hexdigest(),
+            "details": {"parent_model": "", "format": "gguf" if backend.startswith("llamacpp") else backend,
+                        "family": "", "families": None, "parameter_size": "",
+                        "quantization_level": ""}}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def _final(result: GenerationResult, model_id: str, chat: bool, ids: list[int], text: str) -> dict:
+    """The last object of a reply: done, why, and ollama's counts and durations (nanoseconds)."""
+    s = result.stats
+    ns = 1_000_000_000
+    out = {"model": model_id, "created_at": _now(), "done": True,
+           "done_reason": "length" if result.finish_reason == "length" else "stop",
+           "total_duration": int(s.total_time_s * ns), "load_duration": 0,
+           "prompt_eval_count": s.prompt_tokens - s.cached_prompt_tokens,
+           "prompt_eval_duration": int(s.prompt_time_s * ns), "eval_count": len(result.token_ids),
+           "eval_duration": int(max(s.total_time_s - s.prompt_time_s, 0.0) * ns), "speculative": s.to_dict()}
+    if chat:
+        out["message"] = {"role": "assistant", "content": text}
+    else:
+        out.update(response=text, context=list(ids) + list(result.token_ids))
+    return out
+
+
+async def _whole(job, request: Request, model_id: str, chat: bool, ids: list[int], collect):
+    try:
+        result = await collect(job, request)
+    finally:
+        job.cancel()
+    if result is None:
+        raise OllamaError(503 if job.shutdown else 499, "the request was cancelled")
+    return _final(result, model_id, chat, ids, result.text)
+
+
+async def _lines(job, model_id: str, chat: bool, ids: list[int]) -> AsyncIterator[str]:
+    """NDJSON as ollama streams it: one object per piece of text, then the final one with the counts."""
+    from mirrorsd.apps.chat_session import describe_error
+    from mirrorsd.apps.server import _CANCELLED
+
+    def piece(text: str) -> str:
+        body = {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
+        return json.dumps({"model": model_id, "created_at": _now(), **body, "done": False}) + "\n"
+
+    try:
+        while True:
+            item = await job.events.get()
+            if isinstance(item, TokenEvent):
+                if item.text:
+                    yield piece(item.text)
+                continue
+            if isinstance(item, FinishEvent):
+                yield json.dumps(_final(item.result, model_id, chat, ids, item.text)) + "\n"
+            elif item is _CANCELLED:
+                yield json.dumps({"error": "the request was cancelled" + (
+                    " (the server is shutting down)" if job.shutdown else "")}) + "\n"
+            elif isinstance(item, Exception):
+                yield json.dumps({"error": describe_error(item)}) + "\n"
+            return
+    finally:
+        job.cancel()
