@@ -72,6 +72,10 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
     if opts.pin_devices and not opts.only:
         opts = replace(opts, only=tuple(PINNED))
     pins = CorePins.first_two() if opts.pin_devices else None
+    busy = machine_busy()
+    if busy:
+        console.print(f"[yellow]warning: {busy}: the timings will be slow and noisy; benchmark on a quiet "
+                      "machine[/yellow]")
     chosen = _choose(configs if configs is not None else list(CONFIGS), opts)
     memory: dict[str, float] = {}
     if engine is None and any(c.reference == TARGET_ONLY for c in chosen):  # a torch row is to run
@@ -144,6 +148,7 @@ def _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, comm
     from rich.console import Console
 
     report = _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command)
+    report["verdict"] = verdict(report)
     report["partial"] = partial_of is not None
     if partial_of is not None:
         report["interrupted"] = f"interrupted (Ctrl-C) after {len(prompts)} of {partial_of} prompts"
@@ -156,6 +161,8 @@ def _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, comm
     (outdir / "report.json").write_text(json.dumps(report, indent=1))
     (outdir / "report.md").write_text(markdown(report))
     Console().print(_table(report))
+    if report["verdict"]:
+        console.print(report["verdict"])
     console.print(f"wrote {outdir / 'report.json'}, {outdir / 'report.md'} and {len(report['plots'])} plots")
     return report
 
@@ -500,6 +507,8 @@ def markdown(report: dict) -> str:
         lines += [f"**Partial report: {report['interrupted']}; the numbers cover those prompts only.**", ""]
     if report.get("command"):
         lines += [f"`{report['command']}`", ""]
+    if report.get("verdict"):
+        lines += [f"**{report['verdict']}**", ""]
     lines += [_title(report) + ".", "",
               f"Machine: {mach['cpu']}, {mach['cpu_count']} cores, {mach['torch_threads']} torch threads, "
               f"{mach['platform']}; devices: {', '.join(mach['torch_devices'])}. Versions: "
@@ -529,6 +538,42 @@ def markdown(report: dict) -> str:
     if report.get("plots"):
         lines += [""] + [f"![{Path(p).stem}]({Path(p).name})" for p in report["plots"]]
     return "\n".join(lines) + "\n"
+
+
+ALTERNATIVE_MARGIN = 1.05  # a category's fastest row is named beside the verdict when it beats the winner by this
+
+
+def verdict(report: dict) -> str | None:
+    """What to use on this machine for this workload, from the measured rows: our fastest exact row over the
+    run, and where another of ours is clearly faster on a category, that one for work mostly of that kind."""
+    ours = [r for r in report["rows"] if r["ours"] and r["greedy_equal_to_target_only"] is not False]
+    if not ours:
+        return None
+    best = max(ours, key=lambda r: r["tokens_per_second"])
+    line = (f"Use {best['configuration']}: {best['tokens_per_second']:.1f} tok/s, "
+            f"{best['speedup_vs_target_only']:.2f}x plain decoding on its backend here (exact output)")
+    wins: dict[str, list[str]] = {}  # another row of ours -> the categories it clearly wins
+    for cat in report["categories"]:
+        top = max(ours, key=lambda r: r["by_category"][cat]["tokens_per_second"])
+        there = top["by_category"][cat]["tokens_per_second"]
+        if top is not best and there >= ALTERNATIVE_MARGIN * best["by_category"][cat]["tokens_per_second"]:
+            wins.setdefault(top["configuration"], []).append(cat)
+    others = [f"{name} if your work is mostly {_either(cats)}" for name, cats in wins.items()]
+    return line + ("; " + "; ".join(others[:2]) if others else "") + "."
+
+
+def _either(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def machine_busy() -> str | None:
+    """Why the machine is too busy to benchmark (load above its cores), or None."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not available on this platform
+        return None
+    cores = os.cpu_count() or 1
+    return f"the machine is busy (load {load:.1f} on {cores} cores)" if load > cores else None
 
 
 def _best_by_category(report: dict) -> list[str]:

@@ -2,7 +2,8 @@
 
 A page marks each copied table with `<!-- table: SOURCE -->` ... `<!-- /table -->`, SOURCE a file that a
 benchmark command wrote, relative to the repository root, optionally with `#best` (a bench report's
-best-per-category table) or `#results` (a bench report from its first table to the list of models).
+best-per-category table preceded by its verdict) or `#results` (a bench report from its first table to the
+list of models).
 
     .venv/bin/python scripts/docs_tables.py          # refill every marked block
     .venv/bin/python scripts/docs_tables.py --check  # exit 1 if a block differs from its source (the tests run this)
@@ -29,10 +30,11 @@ def _line(lines: list[str], prefix: str, source: str) -> int:
 def extract(source: str) -> str:
     path, _, part = source.partition("#")
     lines = (ROOT / path).read_text().splitlines()
-    if part == "best":  # bench's best-per-category table
+    if part == "best":  # bench's verdict, then its best-per-category table
+        verdict = [line for line in lines if line.startswith("**Use ")][:1]
         start = _line(lines, "Best per category", source) + 2
         end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
-        lines = lines[start:end]
+        lines = verdict + ([""] if verdict else []) + lines[start:end]
     elif part == "results":  # bench's tables and verdicts, without the header and the list of models
         lines = lines[_line(lines, "| configuration", source):_line(lines, "Models:", source)]
     elif part:

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import make_model
 from mirrorsd import Engine
-from mirrorsd.apps.bench import QUICK, BenchOptions, run_bench
+from mirrorsd.apps.bench import QUICK, BenchOptions, machine_busy, run_bench, verdict
 from mirrorsd.apps.bench_configs import CONFIGS, ONNX_TARGET_ONLY, TARGET_ONLY, BenchConfig, ours
 from mirrorsd.apps.prompt_suite import CATEGORIES, bundled_suite, load_workload
 from mirrorsd.errors import PromptError
@@ -116,6 +116,36 @@ def test_report_files_are_well_formed(bench_report):
     peers_best = max(r["tokens_per_second"] for r in report["rows"] if not r["ours"])
     assert ratios.split("|")[-2].strip() == f"{ours_best / peers_best:.2f}x"
     assert "UTC" not in md  # the page is a map of the current state; the date stays in report.json
+    exact = [r for r in report["rows"] if r["ours"] and r["greedy_equal_to_target_only"] is not False]
+    fastest = max(exact, key=lambda r: r["tokens_per_second"])
+    assert report["verdict"].startswith(f"Use {fastest['configuration']}: ") and BROKEN not in report["verdict"]
+    assert f"**{report['verdict']}**" in md
+
+
+def row(name, tps, by_cat, ours=True, equal=True):
+    return {"configuration": name, "ours": ours, "greedy_equal_to_target_only": equal, "tokens_per_second": tps,
+            "speedup_vs_target_only": tps / 10, "by_category": {c: {"tokens_per_second": t,
+                                                                    "speedup_vs_target_only": t / 10}
+                                                                for c, t in by_cat.items()}}
+
+
+def test_the_verdict_names_the_fastest_exact_row_and_clear_category_winners():
+    report = {"categories": ["code", "chat", "json"], "rows": [
+        row("target only (ours)", 10, {"code": 10, "chat": 10, "json": 10}),
+        row("n-gram (ours)", 14, {"code": 20, "chat": 10.2, "json": 11}),
+        row("chain (ours)", 12, {"code": 15, "chat": 10.3, "json": 16}),
+        row("broken (ours)", 30, {"code": 30, "chat": 30, "json": 30}, equal=False),
+        row("a peer", 40, {"code": 40, "chat": 40, "json": 40}, ours=False)]}
+    assert verdict(report) == ("Use n-gram (ours): 14.0 tok/s, 1.40x plain decoding on its backend here (exact "
+                               "output); chain (ours) if your work is mostly json.")
+    assert verdict({"categories": [], "rows": [row("a peer", 5, {}, ours=False)]}) is None
+
+
+def test_a_busy_machine_is_named(monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 1.0, 1.0))
+    assert "the machine is busy (load 64.0 on" in machine_busy()
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert machine_busy() is None
 
 
 def test_plots_are_valid_pngs(bench_report):
