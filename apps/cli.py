@@ -186,6 +186,40 @@ def models() -> None:
 
 
 @app.command()
+def pull(name: Annotated[str, typer.Argument(help="A catalog model (see `mirrorsd models`).")]) -> None:
+    """Fetch a catalog model into the cache now (its GGUF for llama.cpp, and the folder the torch backend
+    loads), with progress; later commands then start at once."""
+    from mirrorsd import catalog
+
+    catalog.lookup(name)  # an unknown name fails before anything is fetched
+    gguf = catalog.ensure_gguf(name, progress=True)
+    folder = catalog.ensure(name, progress=True)
+    print(f"{name}: ready ({_size(catalog.entry_dir(name))}): {gguf} and {folder}")
+
+
+@app.command()
+def rm(name: Annotated[str, typer.Argument(help="A catalog model (see `mirrorsd models`).")]) -> None:
+    """Remove a catalog model from the cache (it is fetched again when next used)."""
+    import shutil
+
+    from mirrorsd import catalog
+    from mirrorsd.errors import CatalogError
+
+    catalog.lookup(name)
+    root = catalog.entry_dir(name)
+    if not root.exists():
+        raise CatalogError(f"{name} is not in the cache ({root})", "`mirrorsd models` lists what is cached")
+    size = _size(root)
+    shutil.rmtree(root)
+    print(f"removed {name} ({size} freed)")
+
+
+def _size(folder) -> str:
+    total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    return f"{total / 1e6:.0f} MB"
+
+
+@app.command()
 def bench(
     ctx: typer.Context,
     target: Annotated[str, typer.Option(help="Target model.")] = "qwen2.5-coder-1.5b",

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import make_model
 from mirrorsd import Engine
-from mirrorsd.apps.bench import QUICK, BenchOptions, machine_busy, run_bench, verdict
+from mirrorsd.apps.bench import QUICK, BenchOptions, machine_busy, run_bench, to_fetch, verdict
 from mirrorsd.apps.bench_configs import CONFIGS, ONNX_TARGET_ONLY, TARGET_ONLY, BenchConfig, ours
 from mirrorsd.apps.prompt_suite import CATEGORIES, bundled_suite, load_workload
 from mirrorsd.errors import PromptError
@@ -309,3 +309,10 @@ def test_only_runs_the_rows_a_chosen_row_is_compared_with():
     names = [c.name for c in _choose(list(CONFIGS), opts)]
     assert set(names) == {"prompt lookup (llama-cpp-python)", "llama-cpp-python generate", CPP_TARGET_ONLY}
     assert names.index("llama-cpp-python generate") < names.index("prompt lookup (llama-cpp-python)")
+
+
+def test_what_a_run_will_download_is_said_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path))  # an empty cache
+    notes = to_fetch("qwen2.5-coder-1.5b", "", "my/folder", None)
+    assert len(notes) == 1 and notes[0].startswith("qwen2.5-coder-1.5b is not cached: fetching ~")
+    assert "mirrorsd pull qwen2.5-coder-1.5b" in notes[0]

@@ -200,3 +200,24 @@ def test_the_old_verifier_device_spelling_is_a_hidden_alias_of_device():
     assert "--device" in shown.stdout and "--verifier-device" not in shown.stdout
     placed = run("devices", "--verifier-device=cpu")
     assert placed.returncode == 0 and "verifier -> cpu: asked for (--device)" in placed.stdout
+
+
+def test_rm_frees_a_cached_model_and_names_what_is_not_cached(tmp_path):
+    entry = tmp_path / "models" / "smollm2-135m" / "gguf"
+    entry.mkdir(parents=True)
+    (entry / "smollm2-135m.gguf").write_bytes(b"\0" * 2_000_000)
+    env = {"MIRRORSD_CACHE": str(tmp_path)}
+    removed = run("rm", "smollm2-135m", env=env)
+    assert removed.returncode == 0 and "removed smollm2-135m (2 MB freed)" in removed.stdout
+    assert not (tmp_path / "models" / "smollm2-135m").exists()
+    again = run("rm", "smollm2-135m", env=env)
+    assert again.returncode == 2 and "not in the cache" in again.stderr
+    unknown = run("pull", "no-such-model", env=env)
+    assert unknown.returncode == 2 and "unknown catalog model" in unknown.stderr and "smollm2-135m" in unknown.stderr
+    assert not (tmp_path / "models" / "no-such-model").exists()
+
+
+def test_pull_fetches_a_catalog_model_or_says_it_is_ready():
+    pulled = run("pull", "smollm2-135m")
+    assert pulled.returncode == 0, pulled.stderr
+    assert "smollm2-135m: ready (" in pulled.stdout and ".gguf and " in pulled.stdout
