@@ -16,6 +16,7 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from fastapi import Request
@@ -24,6 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from mirrorsd.config import GenerationConfig
 from mirrorsd.errors import MirrorsdError
 from mirrorsd.results import FinishEvent, GenerationResult, TokenEvent
+from mirrorsd.tools import check_tools, parse_calls, tool_grammar
 
 API_VERSION = "0.6.3"  # the ollama API release whose shapes these endpoints follow
 DEFAULT_TEMPERATURE = 0.8  # ollama's default where a request sets none
@@ -34,7 +36,7 @@ OPTIONS = {  # ollama option -> GenerationConfig field
 }
 IGNORED_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "use_mmap", "use_mlock",
                    "numa", "low_vram", "vocab_only", "f16_kv", "logits_all")
-UNSUPPORTED_FIELDS = ("images", "tools", "context", "template", "suffix", "logprobs", "top_logprobs")
+UNSUPPORTED_FIELDS = ("images", "context", "template", "suffix", "logprobs", "top_logprobs")
 
 
 class OllamaError(Exception):
@@ -67,9 +69,10 @@ def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
             job = runner.submit(ids, config)
         except OpenAIError as exc:  # the queue is full, or the server is stopping
             raise OllamaError(exc.status, exc.message) from None
+        reply = Reply(model_id, chat, ids, tools_active=config.grammar is not None)
         if body.get("stream", True):
-            return StreamingResponse(_lines(job, model_id, chat, ids), media_type="application/x-ndjson")
-        return await _whole(job, request, model_id, chat, ids, _collect)
+            return StreamingResponse(_lines(job, reply), media_type="application/x-ndjson")
+        return await _whole(job, request, reply, _collect)
 
     @app.exception_handler(OllamaError)
     async def _ollama_error(request, exc: OllamaError):
@@ -82,7 +85,7 @@ def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise OllamaError(400, "messages must be a list of {role, content} objects")
-        prompt = [{"role": m.get("role"), "content": m.get("content", "")} for m in messages]
+        prompt = [{k: m[k] for k in ("role", "content", "tool_calls", "tool_name") if k in m} for m in messages]
         ids, config = await asyncio.to_thread(prepare, engine, body, prompt, limits)  # tokenising: off the loop
         return await run(request, body, ids, config, chat=True)
 
@@ -141,6 +144,9 @@ def prepare(engine, body: dict, prompt, limits) -> tuple[list[int], GenerationCo
     if refused:
         raise OllamaError(400, f"option {refused[0]} is not supported (applied: {', '.join(OPTIONS)}; "
                                f"ignored, as they change no token: {', '.join(IGNORED_OPTIONS)})")
+    tools = body.get("tools") or None
+    if tools and body.get("format"):
+        raise OllamaError(400, "tools and format each constrain the whole reply: send one")
     given = {OPTIONS[k]: v for k, v in options.items() if k in OPTIONS and v is not None}
     wanted = given.pop("max_new_tokens", None)
     if wanted is not None and (not isinstance(wanted, int) or isinstance(wanted, bool)):
@@ -149,10 +155,12 @@ def prepare(engine, body: dict, prompt, limits) -> tuple[list[int], GenerationCo
         raise OllamaError(400, f"num_predict is {wanted}; this server allows at most {limits.max_tokens}")
     stop = given.pop("stop", ())
     try:
-        ids = engine.encode(prompt)
+        ids = engine.encode(prompt, tools=None if tools is None else check_tools(tools))
+        grammar = None if tools is None else tool_grammar(tools)
         config = GenerationConfig(
             max_new_tokens=wanted if wanted is not None and wanted > 0 else limits.max_tokens,  # -1, -2: to the limit
             stop=(stop,) if isinstance(stop, str) else tuple(stop), json_schema=_schema(body.get("format")),
+            grammar=grammar,
             **{"temperature": DEFAULT_TEMPERATURE, **given})
         engine.constraint(config)  # a schema that does not compile is this request's 400
     except (MirrorsdError, TypeError, ValueError) as exc:
@@ -184,10 +192,22 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
-def _final(result: GenerationResult, model_id: str, chat: bool, ids: list[int], text: str) -> dict:
+@dataclass(frozen=True)
+class Reply:
+    """What a reply's objects carry: the served model, chat or generate, the prompt's ids, and whether tool
+    calls are parsed out of it (then the reply is held back and sent whole at the end)."""
+
+    model_id: str
+    chat: bool
+    ids: list[int]
+    tools_active: bool
+
+
+def _final(result: GenerationResult, reply: Reply, text: str) -> dict:
     """The last object of a reply: done, why, and ollama's counts and durations (nanoseconds)."""
     s = result.stats
     ns = 1_000_000_000
+    model_id, chat, ids = reply.model_id, reply.chat, reply.ids
     out = {"model": model_id, "created_at": _now(), "done": True,
            "done_reason": "length" if result.finish_reason == "length" else "stop",
            "total_duration": int(s.total_time_s * ns), "load_duration": 0,
@@ -196,39 +216,44 @@ def _final(result: GenerationResult, model_id: str, chat: bool, ids: list[int], 
            "eval_duration": int(max(s.total_time_s - s.prompt_time_s, 0.0) * ns), "speculative": s.to_dict()}
     if chat:
         out["message"] = {"role": "assistant", "content": text}
+        content, calls = parse_calls(result.text) if reply.tools_active else (text, [])
+        if calls:
+            out["message"] = {"role": "assistant", "content": content, "tool_calls": [
+                {"function": {"name": c.name, "arguments": c.arguments}} for c in calls]}
     else:
         out.update(response=text, context=list(ids) + list(result.token_ids))
     return out
 
 
-async def _whole(job, request: Request, model_id: str, chat: bool, ids: list[int], collect):
+async def _whole(job, request: Request, reply: Reply, collect):
     try:
         result = await collect(job, request)
     finally:
         job.cancel()
     if result is None:
         raise OllamaError(503 if job.shutdown else 499, "the request was cancelled")
-    return _final(result, model_id, chat, ids, result.text)
+    return _final(result, reply, result.text)
 
 
-async def _lines(job, model_id: str, chat: bool, ids: list[int]) -> AsyncIterator[str]:
+async def _lines(job, reply: Reply) -> AsyncIterator[str]:
     """NDJSON as ollama streams it: one object per piece of text, then the final one with the counts."""
     from mirrorsd.apps.chat_session import describe_error
     from mirrorsd.apps.server import _CANCELLED
 
     def piece(text: str) -> str:
-        body = {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
-        return json.dumps({"model": model_id, "created_at": _now(), **body, "done": False}) + "\n"
+        body = {"message": {"role": "assistant", "content": text}} if reply.chat else {"response": text}
+        return json.dumps({"model": reply.model_id, "created_at": _now(), **body, "done": False}) + "\n"
 
     try:
         while True:
             item = await job.events.get()
             if isinstance(item, TokenEvent):
-                if item.text:
+                if item.text and not reply.tools_active:
                     yield piece(item.text)
                 continue
             if isinstance(item, FinishEvent):
-                yield json.dumps(_final(item.result, model_id, chat, ids, item.text)) + "\n"
+                text = item.result.text if reply.tools_active else item.text
+                yield json.dumps(_final(item.result, reply, text)) + "\n"
             elif item is _CANCELLED:
                 yield json.dumps({"error": "the request was cancelled" + (
                     " (the server is shutting down)" if job.shutdown else "")}) + "\n"

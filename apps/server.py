@@ -38,6 +38,7 @@ from mirrorsd.apps.chat_session import describe_error
 from mirrorsd.config import GenerationConfig, SamplingParams, is_text
 from mirrorsd.errors import ConfigError, MirrorsdError
 from mirrorsd.results import FinishEvent, GenerationResult, TokenEvent
+from mirrorsd.tools import check_tools, parse_calls, tool_grammar
 
 log = logging.getLogger("mirrorsd.server")
 
@@ -74,12 +75,13 @@ class OpenAIError(Exception):
 # -- request bodies ---------------------------------------------------------------------------------------
 # Applied: model, messages / prompt, max_tokens / max_completion_tokens, temperature, top_p, top_k,
 # repetition_penalty, presence_penalty, frequency_penalty, seed, stop, stream, stream_options.include_usage,
-# response_format (text, json_object, json_schema), logprobs / top_logprobs.
+# response_format (text, json_object, json_schema), logprobs / top_logprobs, tools / tool_choice /
+# parallel_tool_calls (mirrorsd/tools.py).
 # Refused with 400 (accepting them would silently change the meaning of the request): REFUSED_FIELDS,
 # n > 1, echo. Ignored as harmless (they change no token): user, metadata, store, service_tier,
 # parallel_tool_calls without tools, and any other unknown field.
 
-REFUSED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "prediction", "audio", "suffix")
+REFUSED_FIELDS = ("functions", "function_call", "logit_bias", "prediction", "audio", "suffix")
 
 
 SAMPLING_FIELDS = [f.name for f in fields(SamplingParams)]  # the request fields that set them, same names
@@ -168,8 +170,8 @@ class _Request(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "user", "assistant"]
-    content: str | list[dict]
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[dict] | None = None  # None: an assistant message that only calls tools
 
 
 class ChatRequest(_Request):
@@ -417,7 +419,8 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
                               param="model", code="model_not_found")
         return model_card
 
-    def prepare(body: _Request, prompt) -> tuple[list[int], GenerationConfig]:
+    def prepare(body: _Request, prompt, tools: list[dict] | None = None,
+                grammar: str | None = None) -> tuple[list[int], GenerationConfig]:
         refused = _refused(body.model_extra or {})
         if refused:
             raise OpenAIError(400, f"{refused[0]} is not supported by this server (it would be ignored, and the "
@@ -431,13 +434,13 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
         if wanted is not None and wanted > limits.max_tokens:
             raise OpenAIError(400, f"max_tokens is {wanted}; this server allows at most {limits.max_tokens}",
                               param="max_tokens", code="invalid_value")
-        ids = engine.encode(prompt)
+        ids = engine.encode(prompt, tools=tools)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         try:
             given = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None}
             config = GenerationConfig(
                 max_new_tokens=wanted or limits.max_tokens, stop=stop,
-                json_schema=body.response_format and body.response_format.schema_or_none(),
+                json_schema=body.response_format and body.response_format.schema_or_none(), grammar=grammar,
                 logprobs=body.top_logprobs_wanted(), **{"temperature": 1.0, **given})  # 1.0: OpenAI's default
             engine.constraint(config)  # a grammar that does not compile is this request's 400, not a 500 later
         except MirrorsdError as exc:
@@ -446,9 +449,10 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
-        messages = [{"role": m.role, "content": _text_of(m.content)} for m in body.messages]
-        ids, config = await asyncio.to_thread(prepare, body, messages)  # tokenising: off the event loop
-        return await respond(request, body, ids, config, chat=True)
+        messages = [_message(m) for m in body.messages]
+        tools, grammar = _tool_settings(body.model_extra or {}, body.response_format is not None)
+        ids, config = await asyncio.to_thread(prepare, body, messages, tools, grammar)  # tokenising: off the loop
+        return await respond(request, body, ids, config, chat=True, tools_active=grammar is not None)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -462,12 +466,13 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
         ids, config = await asyncio.to_thread(prepare, body, prompt)
         return await respond(request, body, ids, config, chat=False)
 
-    async def respond(request: Request, body: _Request, ids: list[int], config: GenerationConfig, chat: bool):
+    async def respond(request: Request, body: _Request, ids: list[int], config: GenerationConfig, chat: bool,
+                      tools_active: bool = False):
         job = runner.submit(ids, config)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(_sse(job, rid, model_id, chat, include_usage, engine.tokenizer),
+            return StreamingResponse(_sse(job, rid, model_id, chat, include_usage, engine.tokenizer, tools_active),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
@@ -480,14 +485,60 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
             return JSONResponse(status_code=499, content=OpenAIError(499, "client closed request").body())
         body_out = _envelope(rid, model_id, chat)
         logprobs = _logprobs(engine.tokenizer, result.token_ids, result.logprobs, chat)
+        message, finish = _reply_message(result.text, result.finish_reason, tools_active)
         body_out["choices"] = [
-            {"index": 0, "message": {"role": "assistant", "content": result.text}, "logprobs": logprobs,
-             "finish_reason": result.finish_reason} if chat else
+            {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish} if chat else
             {"index": 0, "text": result.text, "logprobs": logprobs, "finish_reason": result.finish_reason}]
         body_out.update(_accounting(result))
         return body_out
 
     return app
+
+
+def _message(m: ChatMessage) -> dict:
+    """A chat message for the template: its text, and a tool call's or result's fields where it has them."""
+    extra = m.model_extra or {}
+    out = {"role": m.role, "content": _text_of(m.content) if m.content is not None else None}
+    if m.role == "assistant" and extra.get("tool_calls"):
+        out["tool_calls"] = extra["tool_calls"]
+    elif out["content"] is None:
+        raise OpenAIError(400, f"a {m.role} message needs content", param="messages", code="invalid_value")
+    out.update({k: extra[k] for k in ("tool_call_id", "name") if isinstance(extra.get(k), str)})
+    return out
+
+
+def _tool_settings(extra: dict, structured: bool) -> tuple[list[dict] | None, str | None]:
+    """The request's tools and the grammar its tool_choice asks for (None: tools off, or tool_choice "none")."""
+    tools = extra.get("tools")
+    if not tools:
+        if extra.get("tool_choice") not in (None, "none"):
+            raise OpenAIError(400, "tool_choice needs tools", param="tool_choice", code="invalid_value")
+        return None, None
+    choice = extra.get("tool_choice") or "auto"
+    if isinstance(choice, dict):
+        choice = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+    if not isinstance(choice, str):
+        raise OpenAIError(400, "tool_choice must be auto, none, required or {type: function, function: {name}}",
+                          param="tool_choice", code="invalid_value")
+    if structured and choice != "none":
+        raise OpenAIError(400, "tools and response_format each constrain the whole reply: send one",
+                          param="response_format", code="invalid_value")
+    parallel = extra.get("parallel_tool_calls", True) is not False
+    try:
+        tools = check_tools(tools)
+        return tools, tool_grammar(tools, choice, parallel)
+    except MirrorsdError as exc:
+        raise OpenAIError(400, str(exc), param="tools", code="invalid_value") from None
+
+
+def _reply_message(text: str, finish: str, tools_active: bool) -> tuple[dict, str]:
+    """The assistant message and finish reason: the calls as OpenAI's tool_calls where the reply made any."""
+    content, calls = parse_calls(text) if tools_active else (text, [])
+    if not calls:
+        return {"role": "assistant", "content": text}, finish
+    return {"role": "assistant", "content": content or None, "tool_calls": [
+        {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+         "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]}, "tool_calls"
 
 
 def _text_of(content) -> str:
@@ -584,9 +635,10 @@ async def _collect(job: Job, request: Request) -> GenerationResult | None:
 
 
 async def _sse(job: Job, rid: str, model_id: str, chat: bool, include_usage: bool,
-               tokenizer) -> AsyncIterator[str]:
+               tokenizer, tools_active: bool = False) -> AsyncIterator[str]:
     """Server-sent events as OpenAI streams them. If the client disconnects, Starlette cancels this
-    generator and the `finally` cancels the generation."""
+    generator and the `finally` cancels the generation. With tools, the reply is held back and sent whole at
+    the end, as text or as tool_calls (a call is only known to be one once its text is complete)."""
     def chunk(choice: dict | None, extra: dict | None = None) -> str:
         out = _envelope(rid, model_id, chat, chunk=True)
         out["choices"] = [choice] if choice is not None else []
@@ -613,7 +665,7 @@ async def _sse(job: Job, rid: str, model_id: str, chat: bool, include_usage: boo
             item = await job.events.get()
             if isinstance(item, TokenEvent):
                 pending.append(item)
-                if item.text:
+                if item.text and not tools_active:
                     yield chunk({"index": 0, "delta": {"content": item.text}, "logprobs": logprobs(),
                                  "finish_reason": None} if chat else
                                 {"index": 0, "text": item.text, "logprobs": logprobs(), "finish_reason": None})
@@ -621,7 +673,13 @@ async def _sse(job: Job, rid: str, model_id: str, chat: bool, include_usage: boo
             if isinstance(item, FinishEvent):
                 accounting = _accounting(item.result)
                 reason = item.result.finish_reason
-                last = ({"index": 0, "delta": {"content": item.text} if item.text else {}, "logprobs": logprobs(),
+                delta = {"content": item.text} if item.text else {}
+                if tools_active:
+                    message, reason = _reply_message(item.result.text, reason, True)
+                    delta = {k: v for k, v in message.items() if k != "role" and v is not None}
+                    for i, call in enumerate(delta.get("tool_calls", ())):
+                        call["index"] = i
+                last = ({"index": 0, "delta": delta, "logprobs": logprobs(),
                          "finish_reason": reason} if chat else
                         {"index": 0, "text": item.text, "logprobs": logprobs(), "finish_reason": reason})
                 yield chunk(last, {"timings": accounting["timings"], "speculative": accounting["speculative"]})

@@ -19,15 +19,17 @@ def control_texts(tokenizer) -> set[str]:
     return {t for t in texts if t}
 
 
-def chat_ids(tokenizer, messages: list[dict], allow_control_tokens: bool = False) -> list[int]:
-    """Token ids of `messages` through the tokenizer's chat template, ready for the assistant's reply."""
+def chat_ids(tokenizer, messages: list[dict], allow_control_tokens: bool = False,
+             tools: list[dict] | None = None) -> list[int]:
+    """Token ids of `messages` (and the `tools` they may call) through the tokenizer's chat template, ready for
+    the assistant's reply."""
     controls = control_texts(tokenizer)
     if allow_control_tokens or not any(c in m["content"] for m in messages for c in controls):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     marks = [f"\x00mirrorsd-message-{i}\x00" for i in range(len(messages))]
     rendered = tokenizer.apply_chat_template([{**m, "content": mark} for m, mark in zip(messages, marks)],
-                                             add_generation_prompt=True, tokenize=False)
+                                             tools=tools, add_generation_prompt=True, tokenize=False)
     ids: list[int] = []
     for message, mark in zip(messages, marks):
         if rendered.count(mark) != 1:

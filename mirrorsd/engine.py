@@ -14,6 +14,7 @@ import torch
 from mirrorsd.chat_tokens import chat_ids
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import CausalLM, Drafter, TokenLogprob
+from mirrorsd.tools import check_tools, messages_for_template, template_takes_tools
 from mirrorsd.errors import ConfigError, EngineBusyError, EngineClosedError, PromptError
 from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
 from mirrorsd.text_stream import StreamingText
@@ -59,11 +60,13 @@ def check_writable(path: str) -> None:
                           "writable folder", "pass a file path in an existing, writable folder")
 
 
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 def check_messages(messages) -> list[dict]:
-    """Chat messages as the template expects them: a known role and string content each."""
+    """Chat messages as the template expects them: a known role and string content each (an assistant message
+    that only calls tools may have none)."""
+    messages = [{**m, "content": m.get("content") or ""} if m.get("tool_calls") else m for m in messages]
     for i, m in enumerate(messages):
         if m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
             raise PromptError(f"message {i} needs a role ({' | '.join(CHAT_ROLES)}) and string content, got "
@@ -183,8 +186,9 @@ class Engine:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        """Token ids for a prompt; chat messages go through the model's chat template."""
+    def encode(self, prompt: Prompt, tools: list[dict] | None = None) -> list[int]:
+        """Token ids for a prompt; chat messages go through the model's chat template, with `tools` (OpenAI-shaped
+        function definitions, mirrorsd/tools.py) where the template takes them."""
         if isinstance(prompt, np.ndarray):
             prompt = prompt.tolist()
         if isinstance(prompt, str):
@@ -194,7 +198,12 @@ class Engine:
         elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
             if getattr(self.tokenizer, "chat_template", None) is None:
                 raise PromptError(f"{self.name} has no chat template", "pass a plain string prompt instead")
-            ids = chat_ids(self.tokenizer, check_messages(prompt), self.allow_control_tokens)
+            if tools is not None and not template_takes_tools(self.tokenizer):
+                raise PromptError(f"{self.name}'s chat template has no tool calling",
+                                  "use a model whose template takes tools (e.g. qwen2.5-coder-1.5b), or send no tools")
+            messages = messages_for_template(check_messages(prompt))
+            ids = chat_ids(self.tokenizer, messages, self.allow_control_tokens,
+                           None if tools is None else check_tools(tools))
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
                                                        for t in prompt):
             ids = [int(t) for t in prompt]

@@ -43,7 +43,9 @@ BAD = [
     ("/v1/chat/completions", {**CHAT, "seed": 2**70}),
     ("/v1/chat/completions", {**CHAT, "max_tokens": True}),
     ("/v1/chat/completions", {**CHAT, "stop": ""}),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "tool"}]}),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "function", "content": "x"}]}),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": "auto"}),
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": None}]}),
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user"}]}),
     ("/v1/completions", {"model": MODEL, "prompt": [300], "max_tokens": 2}),
@@ -244,8 +246,8 @@ def test_generated_bodies_never_get_a_500_or_a_dropped_connection(fuzz_target, b
         assert isinstance(error["message"], str) and error["message"] and error["type"], r.text
 
 
-@pytest.mark.parametrize("extra", [{"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-                                   {"tool_choice": "auto"}, {"logit_bias": {"5": 10}}, {"suffix": "x"}])
+@pytest.mark.parametrize("extra", [{"functions": [{"name": "f", "parameters": {}}]}, {"function_call": "auto"},
+                                   {"logit_bias": {"5": 10}}, {"suffix": "x"}])
 def test_fields_that_would_be_ignored_are_refused(server, extra):
     r = httpx.post(server.url + "/v1/chat/completions", json={**CHAT, **extra}, headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter", r.text

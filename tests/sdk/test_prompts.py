@@ -16,7 +16,7 @@ def engine(target_model, tokenizer):
 
 
 @pytest.mark.parametrize("prompt", [None, 123, b"def f", [{"role": "user"}], [{"content": "x"}],
-                                    [{"role": "tool", "content": "x"}], [{"role": "user", "content": None}],
+                                    [{"role": "function", "content": "x"}], [{"role": "user", "content": None}],
                                     [300], [-1], [1, "a"], [True], [1.5]])
 def test_bad_prompts_are_prompt_errors_with_a_hint(engine, prompt):
     with pytest.raises(PromptError) as err:
