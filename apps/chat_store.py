@@ -59,9 +59,12 @@ class Conversation:
     id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
+    name: str = ""  # the title the user gave it ("": its first message)
 
     @property
     def title(self) -> str:
+        if self.name.strip():
+            return self.name.strip()
         first = next((m["content"] for m in self.messages if m["role"] == "user"), "(empty)")
         line = " ".join(first.split())
         return line if len(line) <= 48 else line[:47] + "…"
@@ -111,7 +114,7 @@ def _conversation(data, conversation_id: str) -> Conversation:
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages):
         raise ValueError("'messages' is not a list of {role, content} strings")
-    for key in ("system", "model"):
+    for key in ("system", "model", "name"):
         if not isinstance(data.get(key, ""), str):
             raise ValueError(f"{key!r} is not a string")
     for key in ("created", "updated"):
@@ -119,5 +122,5 @@ def _conversation(data, conversation_id: str) -> Conversation:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{key!r} is not a time in seconds")
     return Conversation(messages=[dict(m) for m in messages], system=data.get("system", ""),
-                        model=data.get("model", ""), id=conversation_id,
+                        model=data.get("model", ""), id=conversation_id, name=data.get("name", ""),
                         created=float(data.get("created", 0.0)), updated=float(data.get("updated", 0.0)))

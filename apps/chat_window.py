@@ -1,11 +1,11 @@
 """`mirrorsd chat`: the desktop chat window (Qt 6 through PySide6).
 
-Multi-turn chat with streaming replies drawn as Markdown (highlighted code blocks, each with a Copy
-link), Stop, New chat, a system prompt, saved conversations in a sidebar (JSON files under the user
-data folder, see chat_store), model/draft choice (catalog names marked cached or not, a download
-confirmed first; or a local folder / .gguf), temperature and max tokens, and a live speculation line
-(tokens/s, time to first token, acceptance, mean accepted length, drafter and device). Tokens that
-came from the draft can be highlighted (the raw text then, instead of Markdown). Ctrl+Q quits. Loading and generation run in worker threads; results come back to the UI thread
+Multi-turn chat with replies drawn as Markdown while they stream (highlighted code blocks, each with a
+Copy link), Stop, New chat, a system prompt, saved conversations in a sidebar with their dates (renamed or
+deleted from its right-click menu; JSON files under the user data folder, see chat_store), model/draft
+choice (catalog names marked cached or not, a download confirmed first; or a local folder / .gguf),
+temperature and max tokens, and a live speculation line (tokens/s, time to first token, acceptance, mean
+accepted length, drafter and device). Tokens that came from the draft can be shaded. Ctrl+Q quits. Loading and generation run in worker threads; results come back to the UI thread
 through Qt signals, so the window never freezes. Errors are shown in the window; the conversation
 is kept.
 """
@@ -13,8 +13,9 @@ is kept.
 from __future__ import annotations
 
 import threading
+import time
 
-from PySide6.QtCore import QObject, Qt, QUrl, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (
     QColor,
     QDesktopServices,
@@ -33,15 +34,18 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFileDialog,
     QHBoxLayout,
+    QInputDialog,
     QLabel,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
     QMainWindow,
+    QMenu,
     QMessageBox,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QSizePolicy,
     QSpinBox,
     QSplitter,
     QTextBrowser,
@@ -65,6 +69,7 @@ from mirrorsd.apps.chat_store import Conversation, ConversationStore
 DRAFT_BACKGROUND = QColor("#d7f5dd")  # draft-accepted tokens, when highlighting is on
 ERROR_COLOUR = QColor("#b00020")
 DRAFT_CHOICES = ["auto", "chain", "ngram", "retrieval", "none"]
+REDRAW_MS = 50  # a streaming reply is redrawn as Markdown at most this often
 
 
 class _Signals(QObject):
@@ -109,7 +114,9 @@ class ChatWindow(QMainWindow):
         self._loader: threading.Thread | None = None
         self._history: list[tuple[str, list[tuple[str, bool]]]] = []  # (role, [(text, from_draft)]) shown
         self._sent_text = ""
-        self._streaming = False  # a reply is arriving token by token (drawn as plain text until it ends)
+        self._streaming = False  # a reply is arriving token by token (redrawn as Markdown as it grows)
+        self._reply_start = 0  # where the streaming reply begins in the transcript
+        self._redraw = QTimer(self, singleShot=True, interval=REDRAW_MS, timeout=self._draw_reply)
         self.last_turn: Turn | None = None
         self.store = store or ConversationStore()
         self.conversation = Conversation()
@@ -170,8 +177,11 @@ class ChatWindow(QMainWindow):
 
         self.transcript = QTextBrowser(objectName="transcript", openLinks=False)
         self.transcript.anchorClicked.connect(self._on_link)
-        self.conversations = QListWidget(objectName="conversations", toolTip="saved chats: click to reopen")
+        self.conversations = QListWidget(objectName="conversations",
+                                         toolTip="saved chats: click to reopen, right-click to rename or delete")
         self.conversations.itemClicked.connect(lambda item: self.open_conversation(item.data(Qt.UserRole)))
+        self.conversations.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.conversations.customContextMenuRequested.connect(self._conversation_menu)
         split = QSplitter()
         split.addWidget(self.conversations)
         split.addWidget(self.transcript)
@@ -183,9 +193,9 @@ class ChatWindow(QMainWindow):
         self.stat_labels: dict[str, QLabel] = {}
         for key in stats_fields({}):
             label = QLabel(f"{key}: –", objectName=f"stat:{key}")
+            label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # longer figures never widen the window
             self.stat_labels[key] = label
-            stats.addWidget(label)
-        stats.addStretch(1)
+            stats.addWidget(label, 1)  # equal shares of the row, whatever the figures' lengths
         self.served_by = QLabel("", objectName="served_by")
         stats.addWidget(self.served_by)
         layout.addLayout(stats)
@@ -247,6 +257,7 @@ class ChatWindow(QMainWindow):
             self._stop.set()
             self.stop_button.setEnabled(False)
             self.status.setText("stopping…")
+            self.input.setFocus()  # typing goes on in the message box
 
     def new_chat(self) -> None:
         if self.generating:
@@ -284,10 +295,39 @@ class ChatWindow(QMainWindow):
             return
         self._list_conversations()
 
+    def rename_conversation(self, conversation_id: str, name: str) -> None:
+        conversation = self.conversation if conversation_id == self.conversation.id else self.store.load(conversation_id)
+        conversation.name = name.strip()
+        self.store.save(conversation)
+        self._list_conversations()
+
+    def delete_conversation(self, conversation_id: str) -> None:
+        self.store.delete(conversation_id)
+        if conversation_id == self.conversation.id and not self.generating:
+            self.new_chat()
+        self._list_conversations()
+
+    def _conversation_menu(self, point) -> None:
+        item = self.conversations.itemAt(point)
+        if item is None:
+            return
+        menu = QMenu(self)
+        rename, delete = menu.addAction("Rename…"), menu.addAction("Delete")
+        chosen = menu.exec(self.conversations.mapToGlobal(point))
+        conversation_id = item.data(Qt.UserRole)
+        if chosen is rename:
+            name, ok = QInputDialog.getText(self, "Rename chat", "Name:", text=item.data(Qt.UserRole + 1))
+            if ok:
+                self.rename_conversation(conversation_id, name)
+        elif chosen is delete:
+            self.delete_conversation(conversation_id)
+
     def _list_conversations(self) -> None:
         self.conversations.clear()
         for conversation in self.store.list():
-            item = QListWidgetItem(conversation.title)
+            when = time.strftime("%b %d %H:%M", time.localtime(conversation.updated))
+            item = QListWidgetItem(f"{conversation.title}\n{when}")
+            item.setData(Qt.UserRole + 1, conversation.title)
             item.setData(Qt.UserRole, conversation.id)
             item.setToolTip(f"{len(conversation.messages)} messages · {conversation.model or 'unknown model'}")
             self.conversations.addItem(item)
@@ -342,13 +382,14 @@ class ChatWindow(QMainWindow):
 
     def _on_token(self, event) -> None:
         self._history[-1][1].append((event.text, event.from_draft))
-        if event.text:
-            self._append(event.text, event.from_draft)
+        if event.text and not self._redraw.isActive():
+            self._redraw.start()  # the reply is redrawn as Markdown at most every REDRAW_MS
         self._show_stats(self.session.stats_of(event))
 
     def _on_turn_done(self, turn: Turn) -> None:
         self.last_turn = turn
         self._streaming = False
+        self._redraw.stop()
         self._set_busy(False)
         if turn.finish_reason == "error":
             # The session rolled back: drop the turn's lines, keep the text to try again.
@@ -411,7 +452,10 @@ class ChatWindow(QMainWindow):
         for i, (role, pieces) in enumerate(self._history):
             cursor = self._end()
             if not self.transcript.document().isEmpty():
-                cursor.insertBlock()
+                cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
+                if cursor.currentList() is not None:  # a reply that ended in a list: the title is no item
+                    cursor.currentList().remove(cursor.block())
+                    cursor.setBlockFormat(QTextBlockFormat())
             title = QTextCharFormat()
             title.setFontWeight(QFont.Bold)
             if role in ("error", "note"):
@@ -420,13 +464,31 @@ class ChatWindow(QMainWindow):
                 continue
             cursor.insertText("You" if role == "user" else "Assistant", title)
             cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())  # the title's bold stops here
-            streaming = self._streaming and i == len(self._history) - 1
-            if role == "assistant" and not streaming and not self.highlight.isChecked():
-                cursor.insertHtml(self.markdown.render("".join(t for t, _ in pieces)))
+            if role == "assistant":
+                self._reply_start = cursor.position()
+                self._draw_markdown(pieces)
                 continue
             for text, from_draft in pieces:
                 if text:
                     self._append(text, from_draft)
+
+    def _draw_reply(self) -> None:
+        """Redraw the streaming reply (the transcript's end) as Markdown, code blocks monospace from the start."""
+        if not self._streaming or not self._history:
+            return
+        cursor = self._end()
+        cursor.setPosition(self._reply_start, QTextCursor.KeepAnchor)
+        cursor.removeSelectedText()
+        self._draw_markdown(self._history[-1][1])
+        self.transcript.ensureCursorVisible()
+
+    def _draw_markdown(self, pieces: list[tuple[str, bool]]) -> None:
+        """A reply as Markdown at the transcript's end; with highlighting on, the draft's accepted tokens shaded
+        where their text shows in the rendered reply."""
+        start = self._end().position()
+        self._end().insertHtml(self.markdown.render("".join(t for t, _ in pieces)))
+        if self.highlight.isChecked():
+            shade_pieces(self.transcript.document(), start, pieces)
 
     def _append(self, text: str, from_draft: bool) -> None:
         fmt = QTextCharFormat()
@@ -448,6 +510,28 @@ class ChatWindow(QMainWindow):
         if self.session.engine is not None:
             self.session.engine.close()
         super().closeEvent(event)
+
+
+def shade_pieces(document, start: int, pieces: list[tuple[str, bool]]) -> None:
+    """Shade the drafted pieces of a rendered reply: each piece's text is looked up in order in the document's
+    text from `start` (Markdown's marks, which the rendering drops, are skipped)."""
+    text = document.toPlainText()
+    at = start
+    fmt = QTextCharFormat()
+    fmt.setBackground(DRAFT_BACKGROUND)
+    for piece, from_draft in pieces:
+        shown = piece.strip("*_`#> \n")
+        if not shown:
+            continue
+        found = text.find(shown, at, at + len(piece) + 64)  # near where the previous piece ended
+        if found < 0:
+            continue
+        if from_draft:
+            cursor = QTextCursor(document)
+            cursor.setPosition(found)
+            cursor.setPosition(found + len(shown), QTextCursor.KeepAnchor)
+            cursor.mergeCharFormat(fmt)
+        at = found + len(shown)
 
 
 def add_model_items(box: QComboBox, plain: list[str], catalog_names: list[str]) -> None:
