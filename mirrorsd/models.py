@@ -33,11 +33,45 @@ def resolve_model_path(spec: str, progress: bool = False) -> str:
         return str(path)
     looks_like_hub_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not path.exists()
     if looks_like_hub_id:
-        return spec
+        return _hub_model(spec)
     raise ModelNotFoundError(
         f"unknown model {spec!r}: not a catalog name, a local model folder, a .gguf file or a hub id",
         f"catalog models that work offline: {', '.join(catalog.CATALOG)} (see `mirrorsd models`)",
     )
+
+
+def _hub_model(spec: str) -> str:
+    """A hub id: its folder in the local Hugging Face cache, else the id itself where the hub can be reached;
+    otherwise a clear error at once (transformers would retry for about a minute first)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(spec, local_files_only=True)
+    except Exception:  # not cached (any of huggingface_hub's errors for it): the hub decides
+        pass
+    if not hub_reachable():
+        raise ModelNotFoundError(
+            f"{spec!r} looks like a Hugging Face hub id, but it is not in the local cache and the hub cannot be "
+            "reached (offline, or HF_HUB_OFFLINE is set)",
+            f"work offline with a catalog model ({', '.join(catalog.CATALOG)}), a local model folder or a .gguf "
+            "file; or connect to the network and try again")
+    return spec
+
+
+def hub_reachable(timeout_s: float = 1.5) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection (HF_ENDPOINT's host) within `timeout_s`."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
 
 
 def resolve_gguf(spec: str, progress: bool = False) -> tuple[Path, Path]:

@@ -221,3 +221,9 @@ def test_pull_fetches_a_catalog_model_or_says_it_is_ready():
     pulled = run("pull", "smollm2-135m")
     assert pulled.returncode == 0, pulled.stderr
     assert "smollm2-135m: ready (" in pulled.stdout and ".gguf and " in pulled.stdout
+
+
+def test_a_hub_id_that_is_not_cached_fails_at_once_offline():
+    out = run("generate", "--target", "some-org/not-a-cached-model", "hi")  # run() sets HF_HUB_OFFLINE=1
+    assert out.returncode == 2 and "not in the local cache and the hub cannot be reached" in out.stderr
+    assert "smollm2-135m" in out.stderr and "retry" not in out.stderr.lower() and "Traceback" not in out.stderr
