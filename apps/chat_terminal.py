@@ -10,6 +10,8 @@ Ctrl-C or Ctrl-D at the prompt leaves. Commands: see HELP.
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -113,11 +115,58 @@ def run_command(session: ChatSession, text: str, last_stats: dict) -> str | None
 QUIT_HINT = "(Use Ctrl + d or /quit to exit.)"
 
 
+class WordWrap:
+    """Streamed text wrapped at a width, between words: a word that would cross the edge starts the next line
+    (a longer one than the width is left whole). The word still being streamed, and the spaces before it, are
+    held back until the word ends, so a word is never split across pieces and no line ends in a space.
+    `style(text, from_draft)` colours a piece of a word."""
+
+    def __init__(self, out: TextIO, width: int, style: Callable[[str, bool], str], column: int = 0) -> None:
+        self.out, self.width, self.style = out, max(width, 20), style
+        self.column = column  # where the cursor starts (after a prompt)
+        self.space = ""  # spaces between the last word written and the next
+        self.word: list[tuple[str, bool]] = []  # the pieces of the word in progress
+
+    def write(self, text: str, from_draft: bool = False) -> None:
+        for part in re.split(r"(\s)", text):
+            if part == "\n":
+                self._end_word()
+                self.out.write("\n")
+                self.column, self.space = 0, ""
+            elif part.isspace():
+                self._end_word()
+                self.space += part
+            elif part:
+                self.word.append((part, from_draft))
+
+    def flush(self) -> None:
+        self._end_word()
+        self.out.flush()
+
+    def _end_word(self) -> None:
+        if not self.word:
+            return
+        length = sum(len(p) for p, _ in self.word)
+        if self.column and self.column + len(self.space) + length > self.width:
+            self.out.write("\n")
+            self.column = 0
+        else:
+            self.out.write(self.space)
+            self.column += len(self.space)
+        for piece, from_draft in self.word:
+            self.out.write(self.style(piece, from_draft))
+        self.column += length
+        self.space, self.word = "", []
+
+
 def run_terminal_chat(session: ChatSession, read: Callable[[str], str] | None = None, out: TextIO = sys.stdout,
-                      highlight: bool | None = None) -> None:
-    """The read-reply loop. `read` is line_reader() unless a test or an embedding program supplies lines."""
+                      highlight: bool | None = None, width: int | None = None) -> None:
+    """The read-reply loop. `read` is line_reader() unless a test or an embedding program supplies lines.
+    Replies wrap between words at `width` (default: the terminal's width; no wrapping into a pipe)."""
     read = read or line_reader()
     colour = out.isatty() if highlight is None else highlight
+    if width is None and out.isatty():
+        width = shutil.get_terminal_size().columns
     dim = (lambda s: f"{DIM}{s}{RESET}") if colour else (lambda s: s)
     out.write(dim(f"mirrorsd chat · {engine_summary(session.engine)} · /help for commands") + "\n")
     last_stats: dict = {}
@@ -141,17 +190,32 @@ def run_terminal_chat(session: ChatSession, read: Callable[[str], str] | None = 
 
         out.write("assistant> ")
 
+        def style(piece: str, from_draft: bool) -> str:
+            return f"{DRAFT_STYLE}{piece}{RESET}" if colour and from_draft and piece.strip() else piece
+
+        wrap = WordWrap(out, width, style, column=len("assistant> ")) if width else None
+
         def show(event) -> None:
-            out.write(f"{DRAFT_STYLE}{event.text}{RESET}" if colour and event.from_draft and event.text else event.text)
+            if wrap is not None:
+                wrap.write(event.text, event.from_draft)
+                out.flush()
+                return
+            out.write(style(event.text, event.from_draft) if event.text else event.text)
             out.flush()
 
         turn = session.reply(text, on_token=show)
+        if wrap is not None:
+            wrap.write(turn.tail)
+            wrap.flush()
+            turn_tail = ""
+        else:
+            turn_tail = turn.tail
         if turn.finish_reason == "error":
             out.write(f"\nerror: {turn.error}\n")
             continue
         last_stats = turn.stats
         note = " · stopped" if turn.finish_reason == "cancelled" else ""
-        out.write(turn.tail + "\n" + dim(f"[{stats_line(turn.stats)}{note}]") + "\n")
+        out.write(turn_tail + "\n" + dim(f"[{stats_line(turn.stats)}{note}]") + "\n")
         if turn.finish_reason == "length":
             out.write(dim(f"[{finish_note(turn, session.settings.max_new_tokens)}]") + "\n")
         for reason in turn.stats.get("fallbacks", ()):

@@ -191,3 +191,28 @@ def test_the_qt_failure_is_described_in_one_line(monkeypatch):
     assert gone == "cannot connect to the X display :987"
     monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")
     assert why_no_window() is None
+
+
+def test_word_wrap_breaks_between_words_even_when_a_word_arrives_in_pieces():
+    from mirrorsd.apps.chat_terminal import WordWrap
+
+    out = io.StringIO()
+    wrap = WordWrap(out, 20, lambda piece, drafted: f"[{piece}]" if drafted else piece)
+    for piece, drafted in [("The quick bro", False), ("wn fox jumps", True), (" over the lazy dog.\nA ", False),
+                           ("supercalifragilistic-word ends", False)]:
+        wrap.write(piece, drafted)
+    wrap.flush()
+    plain = out.getvalue().replace("[", "").replace("]", "")
+    assert plain == "The quick brown fox\njumps over the lazy\ndog.\nA\nsupercalifragilistic-word\nends"
+    assert "[wn]" in out.getvalue() and "[fox]" in out.getvalue()  # drafted pieces keep their colour
+
+
+def test_replies_wrap_at_the_given_width(tokenizer, target_model):
+    engine = Engine(target_model, tokenizer, NGramDrafter(), name="tiny")
+    session = ChatSession(engine, ChatSettings(temperature=0.0, max_new_tokens=60))
+    out = Screen()
+    run_terminal_chat(session, lines_then_eof("Tell me a story about a fox and a dog."), out, width=30)
+    reply = out.getvalue().split("assistant> ", 1)[1].split("\n[", 1)[0]
+    lines = ("assistant> " + reply).split("\n")
+    assert all(len(line) <= 30 or " " not in line.strip() for line in lines), lines
+    assert " ".join(reply.split()) == " ".join(session.messages[-1]["content"].split())  # no text lost
