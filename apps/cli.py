@@ -170,7 +170,8 @@ def generate(
 
 @app.command()
 def models() -> None:
-    """List the offline catalog and what is already cached."""
+    """List the offline catalog and what is already cached, and the GGUF models of ollama, LM Studio and the
+    Hugging Face cache found on this machine (usable by name, read in place)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -183,6 +184,16 @@ def models() -> None:
         table.add_row(entry.name, f"~{entry.approx_download_mb} MB", catalog.cached_status(entry.name),
                       entry.description)
     Console().print(table)
+    from mirrorsd.local_models import discover
+
+    found = discover()
+    if found:  # other tools' models, read in place under these names
+        local = Table(title="on this machine (ollama, LM Studio, Hugging Face cache): --target NAME")
+        for col in ("name", "size", "file"):
+            local.add_column(col)
+        for m in found:
+            local.add_row(m.name, f"{m.size / 1e6:.0f} MB", str(m.path))
+        Console().print(local)
 
 
 @app.command()

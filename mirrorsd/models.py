@@ -13,10 +13,13 @@ import torch
 
 from mirrorsd import catalog
 from mirrorsd.errors import ModelNotFoundError
+from mirrorsd.local_models import PREFIXES as LOCAL_PREFIXES
+from mirrorsd.local_models import resolve_local
 
 
 def resolve_model_path(spec: str, progress: bool = False) -> str:
     """Local folder (or hub id) that transformers can load for `spec`."""
+    spec = resolve_local(spec)
     if spec in catalog.CATALOG:
         return str(catalog.ensure(spec, progress=progress))
     path = Path(spec).expanduser()
@@ -75,7 +78,9 @@ def hub_reachable(timeout_s: float = 1.5) -> bool:
 
 
 def resolve_gguf(spec: str, progress: bool = False) -> tuple[Path, Path]:
-    """(GGUF file, tokenizer folder) for a model argument that is a GGUF: a catalog name or a .gguf path."""
+    """(GGUF file, tokenizer folder) for a model argument that is a GGUF: a catalog name, a .gguf path, or a model
+    of another tool's store (ollama:, lmstudio:, hf:)."""
+    spec = resolve_local(spec)
     if spec in catalog.CATALOG:
         gguf = catalog.ensure_gguf(spec, progress=progress)
     else:
@@ -109,8 +114,9 @@ def check_gguf_structure(path: Path) -> None:
 
 
 def is_gguf(spec: str) -> bool:
-    """Whether a model argument names a GGUF file (every catalog model is one)."""
-    return spec in catalog.CATALOG or Path(spec).suffix == ".gguf"
+    """Whether a model argument names a GGUF file (every catalog model is one, and every model of another
+    tool's store: mirrorsd/local_models.py)."""
+    return spec in catalog.CATALOG or Path(spec).suffix == ".gguf" or spec.startswith(LOCAL_PREFIXES)
 
 
 def load_model(spec: str, device: torch.device, dtype: torch.dtype, progress: bool = False):
