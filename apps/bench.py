@@ -127,10 +127,14 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
         _measure(prompts, encoded, configs_run, runners, cells, opts, console)
     except KeyboardInterrupt:  # Ctrl-C: keep what was measured, then stop as Ctrl-C does (exit 130 in the CLI)
         done = _finished_prompts(cells, opts.repeats)
-        if done == 0:
-            console.print("interrupted before the first prompt finished on every configuration: no report written")
-            raise
-        cells = {name: row[:done] for name, row in cells.items()}
+        if done == 0:  # keep the rows that ran the first prompt (if fewer times than asked) with their reference
+            reached = [c for c in configs_run if cells[c.name][0].seconds and cells[c.reference][0].seconds]
+            if not reached:
+                console.print("interrupted before any configuration ran the first prompt: no report written")
+                raise
+            skipped = {**skipped, **{c.name: "not reached before Ctrl-C" for c in configs_run if c not in reached}}
+            configs_run, done = reached, 1
+        cells = {c.name: cells[c.name][:done] for c in configs_run}
         _write_report(opts, ctx, prompts[:done], encoded[:done], configs_run, cells, skipped, command, console,
                       partial_of=len(prompts))
         console.print(f"interrupted: partial report ({done} of {len(prompts)} prompts) written to "

@@ -316,3 +316,24 @@ def test_what_a_run_will_download_is_said_first(tmp_path, monkeypatch):
     notes = to_fetch("qwen2.5-coder-1.5b", "", "my/folder", None)
     assert len(notes) == 1 and notes[0].startswith("qwen2.5-coder-1.5b is not cached: fetching ~")
     assert "mirrorsd pull qwen2.5-coder-1.5b" in notes[0]
+
+
+def test_ctrl_c_within_the_first_prompt_still_reports_the_rows_that_ran(tmp_path, tokenizer):
+    """Ctrl-C a few rows into a run (here: raised by the third row's first timed run) keeps the rows that ran."""
+    def interrupted(ctx):
+        def run(ids, cfg):
+            if cfg.max_new_tokens > 4:  # not the warm-up call
+                raise KeyboardInterrupt
+        return run
+
+    rows = [c for c in CONFIGS if c.name in (TARGET_ONLY, "n-gram (ours)")]
+    stop = BenchConfig("interrupted here (ours)", interrupted)
+    opts = BenchOptions(**{**QUICK, "target": "tiny-llama", "draft_model": None, "max_new_tokens": 8,
+                           "repeats": 2}, out=str(tmp_path))
+    engine = Engine(make_model(tokenizer, seed=0, sharpness=30.0, context=4096), tokenizer, name="tiny-llama")
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(opts, engine=engine, datastore=None, configs=[*rows, stop])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["partial"] and [r["configuration"] for r in report["rows"]] == [TARGET_ONLY, "n-gram (ours)"]
+    assert {"configuration": "interrupted here (ours)", "reason": "not reached before Ctrl-C"} in report["skipped"]
+    assert report["rows"][1]["greedy_equal_to_target_only"] is not False
