@@ -51,7 +51,7 @@ def hf_root() -> Path:
 
 def discover() -> list[LocalModel]:
     """Every GGUF model of ollama, LM Studio and the Hugging Face cache found here, by name."""
-    return sorted([*_ollama(), *_lmstudio(), *_hf_cache()], key=lambda m: m.name)
+    return sorted([m for scan in STORES.values() for m in scan()], key=lambda m: m.name)
 
 
 def _ollama() -> list[LocalModel]:
@@ -92,15 +92,18 @@ def _hf_cache() -> list[LocalModel]:
     return found
 
 
+STORES = {"ollama": _ollama, "lmstudio": _lmstudio, "hf": _hf_cache}  # a name's prefix -> its store's scan
+
+
 def resolve_local(spec: str) -> str:
     """A `.gguf` path for a local name (ollama:, lmstudio:, hf:), or `spec` unchanged for anything else."""
     if not spec.startswith(PREFIXES):
         return spec
-    models = discover()
+    models = STORES[spec.split(":", 1)[0]]()  # only the store the name is from
     wanted = {spec, spec + ":latest"} if spec.startswith("ollama:") else {spec}
     match = next((m for m in models if m.name in wanted), None)
     if match is None:
-        same = [m.name for m in models if m.name.split(":", 1)[0] == spec.split(":", 1)[0]]
+        same = [m.name for m in models]
         raise ModelNotFoundError(f"no model {spec!r} on this machine",
                                  ("found: " + ", ".join(same)) if same else "`mirrorsd models` lists what is here")
     return str(_as_gguf(match))
