@@ -123,8 +123,14 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
         runners[c.name](encoded[0][:32], warm)
 
     cells = {c.name: [Cell() for _ in prompts] for c in configs_run}
+
+    def table_so_far(done: int):  # the live table is the final table's rendering of the prompts run so far
+        so_far = {name: row[:done] for name, row in cells.items()}
+        report = _report(opts, ctx, prompts[:done], encoded[:done], configs_run, so_far, skipped, command)
+        return _table(report, title=f"so far: {done} of {len(prompts)} prompts")
+
     try:
-        _measure(prompts, encoded, configs_run, runners, cells, opts, console)
+        _measure(prompts, encoded, configs_run, runners, cells, opts, console, table_so_far)
     except KeyboardInterrupt:  # Ctrl-C: keep what was measured, then stop as Ctrl-C does (exit 130 in the CLI)
         done = _finished_prompts(cells, opts.repeats)
         if done == 0:  # keep the rows that ran the first prompt (if fewer times than asked) with their reference
@@ -197,7 +203,7 @@ def _judge(cell: Cell, tokens: list[int], reference: list[int]) -> None:
     cell.equal = cell.equal is not False and tokens == reference
 
 
-def _measure(prompts, encoded, configs_run, runners, cells, opts, console) -> None:
+def _measure(prompts, encoded, configs_run, runners, cells, opts, console, table_so_far) -> None:
     from rich.console import Group
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -223,7 +229,7 @@ def _measure(prompts, encoded, configs_run, runners, cells, opts, console) -> No
                     progress.update(task, advance=1, description=f"{what} · ETA {eta}")
                     if not console.is_terminal:  # a log gets a line per run instead of the live display
                         console.print(f"[{done}/{total}] {what} · ETA {eta}", markup=False, highlight=False)
-            live.update(Group(_partial_table(configs_run, cells, prompts, i + 1), progress))
+            live.update(Group(table_so_far(i + 1), progress))
 
 
 def _run_once(cell: Cell, runner, ids, cfg) -> Output:
@@ -259,20 +265,6 @@ def _tps(cells_row: list[Cell], idx: list[int]) -> float | None:
     tokens = sum(len(cells_row[i].first.tokens) for i in idx)
     seconds = sum(statistics.median(cells_row[i].seconds) for i in idx)
     return tokens / seconds if seconds > 0 and idx else None
-
-
-def _partial_table(configs_run, cells, prompts, done: int):
-    from rich.table import Table
-
-    idx = list(range(done))
-    table = Table(title=f"so far: {done} of {len(prompts)} prompts")
-    for col in ("configuration", "tok/s", "vs target-only", "greedy equal"):
-        table.add_column(col)
-    for c in configs_run:
-        tps, base = _tps(cells[c.name], idx), _tps(cells[c.reference], idx)
-        eq = [cells[c.name][i].equal for i in idx if cells[c.name][i].equal is not None]
-        table.add_row(c.name, f"{tps:.2f}", f"{tps / base:.2f}x", "-" if not eq else ("yes" if all(eq) else "FAILED"))
-    return table
 
 
 def _sum_stats(outs: list[Output]):
@@ -494,10 +486,10 @@ def _title(report: dict) -> str:
             f"{s['max_new_tokens']} new tokens, K={s['k']}, median of {s['repeats']}; {len(report['prompts'])} prompts")
 
 
-def _table(report: dict):
+def _table(report: dict, title: str | None = None):
     from rich.table import Table
 
-    table = Table(title=_title(report))
+    table = Table(title=title or _title(report))
     for j, col in enumerate(_headers(report["categories"], terminal=True)):
         table.add_column(col, no_wrap=j > 0)
     for r in report["rows"]:

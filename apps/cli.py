@@ -97,7 +97,7 @@ def generate(
     dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16 (torch backend).")] = "auto",
     backend: Backend = "auto",
     draft_backend: DraftBackend = None,
-    raw: Annotated[bool, typer.Option(help="Use the prompt as raw text, no chat template.")] = False,
+    raw: Annotated[bool, typer.Option("--raw", help="Use the prompt as raw text, no chat template.")] = False,
     pipeline: Annotated[str, typer.Option(help="auto | sequential | overlap | branches (how drafting and "
                                                "verification are scheduled; output is the same).")] = DEFAULTS.pipeline,
     early_exit_layer: Annotated[Optional[int], typer.Option(help="l_e for branch hints (default: 4/5 of the depth).")] = None,
@@ -115,7 +115,7 @@ def generate(
     logprobs: Annotated[Optional[int], typer.Option(help="With --json: the target's log-probability of each token "
                                                          "and of N alternatives.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
-    allow_inexact: Annotated[bool, typer.Option(help="Let --draft auto speculate on a backend whose verify passes "
+    allow_inexact: Annotated[bool, typer.Option("--allow-inexact", help="Let --draft auto speculate on a backend whose verify passes "
                                                 "are not batch-invariant (torch, onnx: greedy output may part "
                                                 "from target-only decoding at a near-tie).")] = False,
 ) -> None:
@@ -251,9 +251,9 @@ def bench(
                                                 "a datastore folder, or 'none' to skip them.")] = "default",
     only: Annotated[Optional[list[str]], typer.Option(help="Run only this configuration (repeatable; its "
                                                            "target-only reference row runs too).")] = None,
-    quick: Annotated[bool, typer.Option(help="A few minutes: smollm2-135m, no draft model, 1 prompt per category, "
+    quick: Annotated[bool, typer.Option("--quick", help="A few minutes: smollm2-135m, no draft model, 1 prompt per category, "
                                              "48 tokens, 2 repeats (explicit options still apply).")] = False,
-    pin_devices: Annotated[bool, typer.Option(help="Separate compute, simulated (Linux): the verifier on one core and "
+    pin_devices: Annotated[bool, typer.Option("--pin-devices", help="Separate compute, simulated (Linux): the verifier on one core and "
                                                    "the draft on another, one thread each, in every mode; runs "
                                                    "target-only and each draft sequential / overlap / branches.")] = False,
     out: Annotated[str, typer.Option(help="Folder for report.json, report.md and the PNG plots.")] = "bench-out",
@@ -508,7 +508,7 @@ def chat(
     device: Device = "auto",
     dtype: Dtype = "auto",
     backend: Backend = "auto",
-    terminal: Annotated[bool, typer.Option(help="Chat in the terminal even where a window could open.")] = False,
+    terminal: Annotated[bool, typer.Option("--terminal", help="Chat in the terminal even where a window could open.")] = False,
     highlight: Annotated[Optional[bool], typer.Option(help="Terminal: colour draft-accepted tokens "
                                                           "(default: when output is a terminal).")] = None,
 ) -> None:
@@ -538,7 +538,7 @@ def serve(
     max_queue: Annotated[int, typer.Option(help="Requests that may wait behind the running one; more get 429.")] = 8,
     shutdown_grace: Annotated[float, typer.Option(help="Seconds running requests get to finish on Ctrl-C / "
                                                        "SIGTERM before they are cancelled.")] = 5.0,
-    allow_control_tokens: Annotated[bool, typer.Option(help="Let control-token text in client messages (e.g. "
+    allow_control_tokens: Annotated[bool, typer.Option("--allow-control-tokens", help="Let control-token text in client messages (e.g. "
                                                             "<|im_start|>) become control tokens. Off: it stays "
                                                             "text, so a client cannot forge a system turn.")] = False,
     device: Device = "auto",
@@ -593,7 +593,7 @@ def handoff(
                                                          "best K for the drafter).")] = None,
     eval_report: Annotated[Optional[str], typer.Option(help="An eval-drafts.json (mirrorsd eval-drafts) to take "
                                                             "the drafter, K and its measured figures from.")] = None,
-    copy: Annotated[bool, typer.Option(help="Copy the model folders instead of linking them.")] = False,
+    copy: Annotated[bool, typer.Option("--copy", help="Copy the model folders instead of linking them.")] = False,
 ) -> None:
     """Take a drafter measured here to vLLM: OUT/serve.sh serves the target with it on vLLM (tensor and pipeline
     parallel across GPUs and nodes)."""
@@ -668,13 +668,27 @@ def _unaliased(args: list[str]) -> list[str]:
     return out
 
 
+def _without_type_tags(command) -> None:
+    """Help as llama.cpp's and git's read: `--target TARGET`, `--json`, `prompt`, not typer's `<str>` / `<bool>` tags."""
+    help_option = command.get_help_option(command.context_class(command, help_option_names=["-h", "--help"]))
+    for param in [*command.params, *([help_option] if help_option else [])]:
+        if param.param_type_name == "argument":
+            param.display_type_rich = lambda ctx: None  # typer shows an argument's type whatever its metavar
+        elif param.metavar is None:
+            param.metavar = "" if param.is_flag else param.opts[-1].lstrip("-").split("-")[-1].upper()
+    for sub in getattr(command, "commands", {}).values():
+        _without_type_tags(sub)
+
+
 def main() -> None:
     try:  # typer 0.2x vendors click; older typer uses click itself
         from typer._click.exceptions import UsageError
     except ImportError:
         from click.exceptions import UsageError
+    command = typer.main.get_command(app)
+    _without_type_tags(command)
     try:
-        code = app(args=_unaliased(sys.argv[1:]), standalone_mode=False, prog_name="mirrorsd")
+        code = command.main(args=_unaliased(sys.argv[1:]), standalone_mode=False, prog_name="mirrorsd")
     except UsageError as err:  # a bad option value, an unknown option or command: the same shape as ours
         print(f"mirrorsd: error: {err.format_message()}", file=sys.stderr)
         print(f"  hint: see `{err.ctx.command_path if err.ctx else 'mirrorsd'} --help`", file=sys.stderr)

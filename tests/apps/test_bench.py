@@ -337,3 +337,23 @@ def test_ctrl_c_within_the_first_prompt_still_reports_the_rows_that_ran(tmp_path
     assert report["partial"] and [r["configuration"] for r in report["rows"]] == [TARGET_ONLY, "n-gram (ours)"]
     assert {"configuration": "interrupted here (ours)", "reason": "not reached before Ctrl-C"} in report["skipped"]
     assert report["rows"][1]["greedy_equal_to_target_only"] is not False
+
+
+def test_the_live_table_after_the_last_prompt_is_the_final_table(tmp_path, tokenizer, capsys, monkeypatch):
+    """The live display (stderr) and the final table (stdout) are one rendering of the same numbers."""
+    monkeypatch.setenv("COLUMNS", "200")
+    rows = [c for c in CONFIGS if c.name in (TARGET_ONLY, "n-gram (ours)")]
+    opts = BenchOptions(**{**QUICK, "target": "tiny-llama", "draft_model": None, "max_new_tokens": 8,
+                           "repeats": 2}, out=str(tmp_path))
+    engine = Engine(make_model(tokenizer, seed=0, sharpness=30.0, context=4096), tokenizer, name="tiny-llama")
+    report = run_bench(opts, engine=engine, datastore=None, configs=rows)
+    captured = capsys.readouterr()
+
+    def table_rows(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith("│") and "(ours)" in line]
+
+    final, live = table_rows(captured.out), table_rows(captured.err)
+    assert len(final) == 2 and live[-2:] == final, captured.err
+    assert f"so far: {len(report['prompts'])} of {len(report['prompts'])} prompts" in captured.err
+    speedup = f"{report['rows'][1]['speedup_vs_target_only']:.2f}x"
+    assert speedup in final[1]

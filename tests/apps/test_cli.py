@@ -227,3 +227,28 @@ def test_a_hub_id_that_is_not_cached_fails_at_once_offline():
     out = run("generate", "--target", "some-org/not-a-cached-model", "hi")  # run() sets HF_HUB_OFFLINE=1
     assert out.returncode == 2 and "not in the local cache and the hub cannot be reached" in out.stderr
     assert "smollm2-135m" in out.stderr and "retry" not in out.stderr.lower() and "Traceback" not in out.stderr
+
+
+def test_help_shows_option_names_whole_and_no_type_tags():
+    """`--target TARGET`, `--json`, as llama.cpp and git show them: no typer `<str>` / `<bool>` tags, and at 80
+    columns no option name cut off."""
+    import re
+
+    import typer
+
+    from mirrorsd.apps.cli import app
+
+    def commands(group, path=()):
+        for name, sub in group.commands.items():
+            if hasattr(sub, "commands"):
+                yield from commands(sub, (*path, name))
+            else:
+                yield (*path, name), sub
+
+    for path, command in commands(typer.main.get_command(app)):
+        shown = run(*path, "--help", env={"COLUMNS": "80"})
+        assert shown.returncode == 0, shown.stderr
+        assert not re.search(r"<(str|int|float|bool|list|path)", shown.stdout), (path, shown.stdout)
+        for param in command.params:
+            if not param.hidden and param.param_type_name == "option":
+                assert all(re.search(rf"{opt}\b", shown.stdout) for opt in param.opts), (path, param.opts)
