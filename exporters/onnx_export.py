@@ -23,7 +23,6 @@ import torch
 from mirrorsd.export_format import block_mask, io_names
 from mirrorsd.exporters.decoder import ExplicitCacheDecoder
 from mirrorsd.exporters.phases import PhaseLog
-from mirrorsd.runtime.backends.cpu_kernels import plain_linear
 
 OPSET = 18
 
@@ -147,7 +146,7 @@ def export_onnx_graphs(model, out: Path, profile: str, max_context: int, prefill
     phases = phases or PhaseLog()
     blocks = graph_blocks(profile, prefill_chunk)
     raw = out / "fp32"
-    with phases.phase("export", f"{len(blocks)} graph(s), {profile} profile, opset {OPSET}"), plain_linear(model):
+    with phases.phase("export", f"{len(blocks)} graph(s), {profile} profile, opset {OPSET}"):
         decoder = ExplicitCacheDecoder(model.float())
         for name, block in blocks.items():
             export_graph(decoder, raw / f"{name}.onnx", block, max_context if profile == "npu" else None)

@@ -14,7 +14,6 @@ same kernels, so "lossless" keeps meaning what it did. `MIRRORSD_CPU_LINEAR=defa
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -35,20 +34,6 @@ class OneDNNLinear(torch.nn.Linear):
         if torch.is_grad_enabled() and self.weight.requires_grad:  # the op has no backward: training keeps F.linear
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-
-
-@contextlib.contextmanager
-def plain_linear(model: torch.nn.Module):
-    """The model's oneDNN linear layers (also the batch-invariant ones) as plain nn.Linear while the block
-    runs: torch.onnx traces aten ops, and has no translation of oneDNN's."""
-    switched = [(m, m.__class__) for m in model.modules() if isinstance(m, OneDNNLinear)]
-    for m, _ in switched:
-        m.__class__ = torch.nn.Linear
-    try:
-        yield model
-    finally:
-        for m, cls in switched:
-            m.__class__ = cls
 
 
 @functools.cache
