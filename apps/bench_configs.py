@@ -282,7 +282,7 @@ def transformers_generate(ctx: BenchContext, **kw) -> Runner:
 
 
 def _draft_model(ctx: BenchContext) -> ModelDrafter | None:
-    return ModelDrafter(TorchCausalLM(ctx.draft_lm, batch_invariant=False)) if ctx.draft_lm is not None else None
+    return ModelDrafter(TorchCausalLM(ctx.draft_lm)) if ctx.draft_lm is not None else None
 
 
 def _with_store(make):

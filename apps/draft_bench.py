@@ -94,7 +94,7 @@ def run_draft_bench(draft: str = "qwen2.5-coder-0.5b", target: str = "qwen2.5-co
     continuations = [greedy_continuation(verifier, p, max_new_tokens) for p in prompts]
     target_tps = n_prompts * max_new_tokens / (time.perf_counter() - t0)
     del verifier, target_model
-    backends = {"torch float32": (TorchCausalLM(draft_model, batch_invariant=False), None)}
+    backends = {"torch float32": (TorchCausalLM(draft_model), None)}
     for variant, folder in folders.items():
         manifest = read_manifest(folder)
         form = "" if manifest["quant"] == "none" else f" ({manifest['quant_form']})"

@@ -1,9 +1,7 @@
 """The torch backend: a transformers causal LM on one torch device (the float32 reference).
 
 Cache reconciliation and rollback are PrefixCachedLM's; this class feeds tokens through the model with
-a transformers DynamicCache. On the CPU in float32 it runs batch-invariant kernels (torch_invariant.py), so
-its verify passes are exact (`exact_batches`); elsewhere (a GPU, bfloat16) they are not, and it says so. It
-declares two capabilities: early exit (Llama/Qwen2/Mistral: the final
+a transformers DynamicCache and declares two capabilities: early exit (Llama/Qwen2/Mistral: the final
 norm and LM head read at an intermediate layer, Mirror-SD) and thread control (torch's per-thread CPU
 threads, switched between decoder layers).
 """
@@ -21,7 +19,6 @@ from transformers import DynamicCache, PreTrainedModel
 from mirrorsd.contracts import ExitRequest
 from mirrorsd.errors import RollbackUnsupportedError
 from mirrorsd.runtime.backends.base import PrefixCachedLM
-from mirrorsd.runtime.backends.torch_invariant import make_batch_invariant
 
 log = logging.getLogger("mirrorsd")
 
@@ -33,16 +30,12 @@ reads as next-token logits (no soft-capping or scaled embeddings in between)."""
 class TorchCausalLM(PrefixCachedLM):
     """CausalLM on torch. `model` is the transformers module (None after close())."""
 
-    def __init__(self, model: PreTrainedModel, device: torch.device | str | None = None,
-                 batch_invariant: bool = True) -> None:
-        """batch_invariant: switch the model to the batch-invariant CPU kernels where they apply (in place; a
-        model drafter can do without them, as drafts need not be exact)."""
+    def __init__(self, model: PreTrainedModel, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.model = model.eval()
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         if next(model.parameters()).device != self.device:
             self.model.to(self.device)
-        self.exact_batches = batch_invariant and make_batch_invariant(self.model)
         self.backend = f"torch:{self.device.type}"
         self.computes_on = "cpu" if self.device.type == "cpu" else "gpu"
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config

@@ -229,7 +229,7 @@ def test_draft_candidates_land_branch_hits_with_a_draft_close_to_the_target(targ
         near.lm_head.weight.add_(torch.randn_like(near.lm_head.weight) * 0.1)
     slow = target_model.model.layers[0].register_forward_pre_hook(lambda *_: time.sleep(0.01))
     try:
-        engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(near, batch_invariant=False)))
+        engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(near)))
         engine.eos_ids = frozenset()
         cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=3, adaptive_k=False, pipeline="branches",
                                branch_width=3, branch_source="draft")
