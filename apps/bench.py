@@ -125,9 +125,8 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
     cells = {c.name: [Cell() for _ in prompts] for c in configs_run}
 
     def table_so_far(done: int):  # the live table is the final table's rendering of the prompts run so far
-        so_far = {name: row[:done] for name, row in cells.items()}
-        report = _report(opts, ctx, prompts[:done], encoded[:done], configs_run, so_far, skipped, command)
-        return _table(report, title=f"so far: {done} of {len(prompts)} prompts")
+        categories, rows = _rows(ctx, prompts[:done], configs_run, {name: row[:done] for name, row in cells.items()})
+        return _table({"categories": categories, "rows": rows}, title=f"so far: {done} of {len(prompts)} prompts")
 
     try:
         _measure(prompts, encoded, configs_run, runners, cells, opts, console, table_so_far)
@@ -321,7 +320,8 @@ def _merge_counts(dicts) -> dict:
     return total
 
 
-def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -> dict:
+def _rows(ctx, prompts, configs_run, cells) -> tuple[list[str], list[dict]]:
+    """The categories in order, and one row of figures per configuration (the tables' content)."""
     seen = dict.fromkeys(p.category for p in prompts)  # the suite's order first, then a file's own order
     categories = [c for c in CATEGORIES if c in seen] + [c for c in seen if c not in CATEGORIES]
     by_cat = {c: [i for i, p in enumerate(prompts) if p.category == c] for c in categories}
@@ -352,6 +352,11 @@ def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -
         if summed:
             row.update(summed)
         rows.append(row)
+    return categories, rows
+
+
+def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -> dict:
+    categories, rows = _rows(ctx, prompts, configs_run, cells)
     by_name = {r["configuration"]: r for r in rows}
     peers = [{"ours": c.peer_of, "peer": c.name,
               "ratio": round(by_name[c.peer_of]["tokens_per_second"] / by_name[c.name]["tokens_per_second"], 3)}
