@@ -6,6 +6,7 @@ from mirrorsd._lazy import lazy_names
 SOURCES = {
     "mirrorsd.runtime.backends": ("llamacpp_installed", "load_lm"),
     "mirrorsd.runtime.backends.torch_lm": ("TorchCausalLM",),
+    "mirrorsd.runtime.backends.torch_invariant": ("make_batch_invariant",),
     "mirrorsd.runtime.backends.llamacpp_lm": ("LlamaCppLM",),
     "mirrorsd.runtime.backends.exported": ("load_export_lm",),
     "mirrorsd.runtime.backends.invariance": ("check_batch_invariance", "greedy_tokens"),

@@ -54,15 +54,18 @@ def eos_ids(model, tokenizer) -> frozenset[int]:
 
 
 def _load_torch(spec: str, device: str | None = "auto", dtype=None, progress: bool = False) -> LoadedModel:
-    """The float32 reference backend: transformers on a torch device (CPU linear layers on oneDNN)."""
+    """The float32 reference backend: transformers on a torch device; in float32 on the CPU with batch-invariant
+    kernels (exact verify passes), else its linear layers on oneDNN where that applies."""
     from mirrorsd.devices import parse_dtype, resolve_device
     from mirrorsd.models import load_model
     from mirrorsd.runtime.backends.cpu_kernels import use_onednn_linear
+    from mirrorsd.runtime.backends.torch_invariant import make_batch_invariant
     from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 
     dev = resolve_device(device)
     model, tokenizer = load_model(spec, dev, parse_dtype(dtype, dev), progress)
-    use_onednn_linear(model)
+    if not make_batch_invariant(model):
+        use_onednn_linear(model)
     return LoadedModel(TorchCausalLM(model, dev), tokenizer, eos_ids(model, tokenizer))
 
 

@@ -1,7 +1,9 @@
 """The torch backend: a transformers causal LM on one torch device (the float32 reference).
 
 Cache reconciliation and rollback are PrefixCachedLM's; this class feeds tokens through the model with
-a transformers DynamicCache and declares two capabilities: early exit (Llama/Qwen2/Mistral: the final
+a transformers DynamicCache. A model the backend's loader switched to the batch-invariant CPU kernels
+(torch_invariant.py: float32 on the CPU) gives exact verify passes, and `exact_batches` says so; any other
+(a GPU, bfloat16, a model handed in as it is) does not, and it says that. It declares two capabilities: early exit (Llama/Qwen2/Mistral: the final
 norm and LM head read at an intermediate layer, Mirror-SD) and thread control (torch's per-thread CPU
 threads, switched between decoder layers).
 """
@@ -19,6 +21,7 @@ from transformers import DynamicCache, PreTrainedModel
 from mirrorsd.contracts import ExitRequest
 from mirrorsd.errors import RollbackUnsupportedError
 from mirrorsd.runtime.backends.base import PrefixCachedLM
+from mirrorsd.runtime.backends.torch_invariant import runs_batch_invariant
 
 log = logging.getLogger("mirrorsd")
 
@@ -36,6 +39,7 @@ class TorchCausalLM(PrefixCachedLM):
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         if next(model.parameters()).device != self.device:
             self.model.to(self.device)
+        self.exact_batches = runs_batch_invariant(self.model)
         self.backend = f"torch:{self.device.type}"
         self.computes_on = "cpu" if self.device.type == "cpu" else "gpu"
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config

@@ -20,17 +20,6 @@ QUANTS = {"Q4_K_M": 15, "Q6_K": 18, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}  # llama_ft
 TOKENS = [(i * 7919 + 13) % 1000 for i in range(300)]  # past 256: KV views of 512 cells
 
 
-def tiny_llama():
-    """A random Llama with widths K-quants' 256-wide blocks divide and repacking's 8-row groups fit."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
-    return LlamaForCausalLM(cfg).eval()
-
-
 def quantize(src, dst, ftype: int):
     """llama.cpp's own quantizer (llama_model_quantize), as llama-quantize runs it."""
     import llama_cpp
@@ -43,9 +32,9 @@ def quantize(src, dst, ftype: int):
 
 
 @pytest.fixture(scope="module")
-def ggufs(tmp_path_factory):
+def ggufs(tmp_path_factory, invariance_llama):
     folder = tmp_path_factory.mktemp("quants")
-    f32 = write_llama_gguf(tiny_llama(), folder / "tiny-f32.gguf")
+    f32 = write_llama_gguf(invariance_llama, folder / "tiny-f32.gguf")
     return {"F32": f32, **{q: quantize(f32, folder / f"tiny-{q}.gguf", t) for q, t in QUANTS.items()}}
 
 
