@@ -116,7 +116,8 @@ def generate(
                                                          "and of N alternatives.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
     allow_inexact: Annotated[bool, typer.Option("--allow-inexact", help="Let --draft auto speculate on a backend whose verify passes "
-                                                "are not batch-invariant (onnx; torch on a GPU or in bfloat16): "
+                                                "are not batch-invariant (torch on a GPU or in bfloat16, int8 / fp16 "
+                                                "ONNX exports): "
                                                 "greedy output may then part from target-only decoding.")] = False,
 ) -> None:
     """Generate text. Output is exactly what the target alone would produce (under --json-schema / --regex /

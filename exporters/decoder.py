@@ -46,8 +46,14 @@ def model_dims(config) -> dict:
 
 
 class ExplicitCacheDecoder(nn.Module):
-    def __init__(self, model) -> None:
+    """spare_row: compute one more row than the block, a copy of its last one, and drop it (the batch-invariant
+    graph of a verifier). ONNX Runtime's CPU matmuls give a row the same bits for any row count from 2 up but run
+    a single row through another kernel; with the spare row no matmul ever sees one, so each position of a
+    verify pass gets exactly the logits of one-token decoding (docs/exactness.md)."""
+
+    def __init__(self, model, spare_row: bool = False) -> None:
         super().__init__()
+        self.spare_row = spare_row
         cfg = model.config
         check_supported(cfg)
         self.model = model.eval()
@@ -61,16 +67,22 @@ class ExplicitCacheDecoder(nn.Module):
         inner = self.model.model
         d, nkv, nh = self.dims["head_dim"], self.dims["kv_heads"], self.dims["heads"]
         t = input_ids.shape[1]
-        h = inner.embed_tokens(input_ids)  # [1, T, hidden]
-        cos, sin = inner.rotary_emb(h, position_ids)  # [1, T, d]
+        if self.spare_row:  # T + 1 rows from here on: the copy of row T - 1 is computed alongside and dropped
+            input_ids = torch.cat([input_ids, input_ids[:, -1:]], dim=1)
+            position_ids = torch.cat([position_ids, position_ids[:, -1:]], dim=1)
+            attention_mask = torch.cat([attention_mask, attention_mask[:, :, -1:]], dim=2)
+        rows = input_ids.shape[1]
+        h = inner.embed_tokens(input_ids)  # [1, rows, hidden]
+        cos, sin = inner.rotary_emb(h, position_ids)  # [1, rows, d]
         new_kv = []
         for i, layer in enumerate(inner.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(1, t, nh, d).transpose(1, 2)  # [1, nh, T, d]
-            k = attn.k_proj(x).view(1, t, nkv, d).transpose(1, 2)  # [1, nkv, T, d]
-            v = attn.v_proj(x).view(1, t, nkv, d).transpose(1, 2)
+            q = attn.q_proj(x).view(1, rows, nh, d).transpose(1, 2)  # [1, nh, rows, d]
+            k = attn.k_proj(x).view(1, rows, nkv, d).transpose(1, 2)  # [1, nkv, rows, d]
+            v = attn.v_proj(x).view(1, rows, nkv, d).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            k, v = k[:, :, :t], v[:, :, :t]  # the spare row adds no cache entry: it attends as row T - 1 does
             new_kv += [k, v]
             keys = torch.cat([past[2 * i], k], dim=2)  # [1, nkv, P + T, d]
             values = torch.cat([past[2 * i + 1], v], dim=2)
@@ -79,10 +91,10 @@ class ExplicitCacheDecoder(nn.Module):
                 values = values.repeat_interleave(self.groups, dim=1)
             scores = torch.matmul(q, keys.transpose(2, 3)) * self.scale + attention_mask  # [1, nh, T, P + T]
             probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-            out = torch.matmul(probs, values).transpose(1, 2).reshape(1, t, nh * d)
+            out = torch.matmul(probs, values).transpose(1, 2).reshape(1, rows, nh * d)
             h = h + attn.o_proj(out)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        logits = self.model.lm_head(inner.norm(h))  # [1, T, V]
+        logits = self.model.lm_head(inner.norm(h))[:, :t]  # [1, T, V]
         return (logits, *new_kv)
 
 

@@ -148,13 +148,15 @@ def _prepare(out: Path) -> None:
 
 
 def _graphs(model, out: Path, fmt: str, profile: str, max_context: int, prefill_chunk: int, precision: str,
-            quant: str, prompts: list[list[int]], phases: PhaseLog, gguf: Path | None = None) -> tuple[dict, dict]:
+            quant: str, prompts: list[list[int]], phases: PhaseLog, gguf: Path | None = None,
+            spare_row: bool = False) -> tuple[dict, dict]:
     if fmt == "onnx":
         from mirrorsd.exporters.onnx_export import OPSET, export_onnx_graphs
 
         graphs = export_onnx_graphs(model, out, profile, max_context, prefill_chunk, precision, quant, prompts, phases,
-                                    gguf)
-        return graphs, {"opset": OPSET, "io": _onnx_io(model_dims(model.config), graphs, profile, max_context)}
+                                    gguf, spare_row=spare_row)
+        return graphs, {"opset": OPSET, "spare_row": spare_row,
+                        "io": _onnx_io(model_dims(model.config), graphs, profile, max_context)}
     from mirrorsd.exporters.coreml_export import export_coreml
 
     with phases.phase("export", "Core ML mlprogram"):
@@ -180,7 +182,7 @@ def _export(model, tokenizer, spec: str | None, out: Path, role: str, fmt: str, 
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
     try:
         graphs, extra = _graphs(model, out, fmt, profile, max_context, prefill_chunk, precision, quant, prompts, phases,
-                                gguf)
+                                gguf, spare_row=role == "verifier")  # a verifier's graph is batch-invariant
         tokenizer.save_pretrained(out / TOKENIZER_DIR)  # a verifier export is loaded without its source model
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)  # no half-written export left behind

@@ -140,14 +140,15 @@ def remove_graph(path: Path) -> None:
 
 def export_onnx_graphs(model, out: Path, profile: str, max_context: int, prefill_chunk: int, precision: str,
                        quant: str, calibration_prompts: list[list[int]], phases: PhaseLog | None = None,
-                       gguf: Path | None = None) -> dict[str, dict]:
+                       gguf: Path | None = None, spare_row: bool = False) -> dict[str, dict]:
     """Write the graphs of one export into `out` (phases "export", then "quantize"); returns
-    {graph name: {"file", "block"}} (and, for quant "gguf", what was carried: gguf_blocks)."""
+    {graph name: {"file", "block"}} (and, for quant "gguf", what was carried: gguf_blocks).
+    spare_row: the batch-invariant graph (ExplicitCacheDecoder), as a verifier export writes it."""
     phases = phases or PhaseLog()
     blocks = graph_blocks(profile, prefill_chunk)
     raw = out / "fp32"
     with phases.phase("export", f"{len(blocks)} graph(s), {profile} profile, opset {OPSET}"):
-        decoder = ExplicitCacheDecoder(model.float())
+        decoder = ExplicitCacheDecoder(model.float(), spare_row=spare_row)
         for name, block in blocks.items():
             export_graph(decoder, raw / f"{name}.onnx", block, max_context if profile == "npu" else None)
     if quant == "none" and precision == "fp32":

@@ -80,7 +80,7 @@ def main() -> int:
         if close is not None:
             close()
     table = "\n".join([
-        f"{args.target} on {engine.verifier.backend} (exact_batches {engine.verifier.exact_batches}), "
+        f"{Path(args.target).name} on {engine.verifier.backend} (exact_batches {engine.verifier.exact_batches}), "
         f"{len(prompts)} greedy prompts of the bench suite, {args.max_new_tokens} new tokens:", "",
         "| drafter | mode | prompts | differing from target-only | drafted | accepted |",
         "|---|---|---|---|---|---|",

@@ -32,6 +32,12 @@ GPU_PROVIDERS = frozenset({"CUDAExecutionProvider", "DmlExecutionProvider"})
 PREFILL_MIN = 4  # missing tokens from which a padded prefill chunk beats that many decode steps
 
 
+EXACT_QUANTS = ("none", "int4", "gguf")
+"""Weights whose verifier graph (one with a spare row: exporters/decoder.py) is batch-invariant on the CPU
+provider in float32, as checked by the tests. int8's activations are quantized with one scale per tensor, so
+a row's bits depend on the rows beside it; fp16 runs other kernels."""
+
+
 class OnnxCausalLM(PrefixCachedLM):
     """CausalLM over one or two ONNX Runtime sessions of an export; logits come back on the host."""
 
@@ -60,6 +66,8 @@ class OnnxCausalLM(PrefixCachedLM):
         self.provider = provider_name(provider)
         self.backend = f"onnx:{SHORT.get(self.provider, self.provider)}"
         self.computes_on = compute_kind(self.provider)
+        self.exact_batches = (bool(manifest.get("spare_row")) and self.provider == "CPUExecutionProvider"
+                              and manifest.get("precision") == "fp32" and manifest.get("quant") in EXACT_QUANTS)
         self._record = record
         shape = (self.layers * 2, 1, int(dims["kv_heads"]), self.max_context, int(dims["head_dim"]))
         if io_binding is None:

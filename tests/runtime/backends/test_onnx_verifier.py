@@ -11,8 +11,10 @@ import torch
 from helpers import assert_distribution, exact_first_two, run
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.errors import ConfigError, ExportError
-from mirrorsd.exporters import export_verifier, read_manifest
+from mirrorsd.exporters import export_draft, export_verifier, read_manifest
 from mirrorsd.runtime.backends import auto_backend, load_lm
+from mirrorsd.runtime.backends.exported import load_export_lm
+from mirrorsd.runtime.backends.invariance import check_batch_invariance
 from mirrorsd.runtime.backends.onnx_lm import OnnxCausalLM
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.runtime.drafters import ModelDrafter, NGramDrafter
@@ -107,3 +109,34 @@ def test_bad_input_is_a_clear_error(verifiers, tiny_folder, tmp_path, target_mod
     with pytest.raises(ExportError) as err:
         load_lm(str(old), "onnx")
     assert "no tokenizer" in err.value.message
+
+
+INVARIANCE_TOKENS = [(i * 7919 + 13) % 300 for i in range(230)]
+
+
+@pytest.mark.parametrize("quant", ["none", "int4"])
+def test_a_verifier_export_is_batch_invariant_and_declared_so(verifiers, quant):
+    """Every row of a verify pass of 1..17 positions equals one-token decoding bit for bit (the graph's spare
+    row keeps ONNX Runtime's single-row kernels out of it), after whole and chunked prefills."""
+    lm = load_lm(str(verifiers[quant]), "onnx").lm
+    assert lm.exact_batches
+    report = check_batch_invariance(lm, INVARIANCE_TOKENS, offsets=(9, 200))
+    assert report.exact, report.summary()
+
+
+def test_a_graph_without_the_spare_row_fails_the_same_check_and_is_declared_inexact(tmp_path, tokenizer,
+                                                                                     target_model):
+    export_draft(target_model, tmp_path / "draft", profile="dynamic", quant="none", max_context=256,
+                 tokenizer=tokenizer, validate=False)
+    lm = load_export_lm(tmp_path / "draft")
+    assert not lm.exact_batches
+    report = check_batch_invariance(lm, INVARIANCE_TOKENS, offsets=(9,), sizes=(1, 4, 9))
+    assert not report.exact and report.max_abs_diff < 1e-4, report.summary()
+
+
+def test_int8_and_fp16_verifier_exports_are_declared_inexact(tmp_path, tokenizer, target_model):
+    """int8 quantizes activations with one scale per tensor (a row depends on its neighbours); fp16 runs other
+    kernels: neither is exact, and neither claims to be."""
+    for name, options in {"int8": {"quant": "int8"}, "fp16": {"quant": "none", "precision": "fp16"}}.items():
+        export_verifier(target_model, tmp_path / name, max_context=256, tokenizer=tokenizer, validate=False, **options)
+        assert not load_lm(str(tmp_path / name), "onnx").lm.exact_batches, name
