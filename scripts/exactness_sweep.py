@@ -81,7 +81,8 @@ def main() -> int:
             close()
     table = "\n".join([
         f"{Path(args.target).name} on {engine.verifier.backend} (exact_batches {engine.verifier.exact_batches}), "
-        f"{len(prompts)} greedy prompts of the bench suite, {args.max_new_tokens} new tokens:", "",
+        f"{len(prompts)} greedy prompts of the bench suite, {args.max_new_tokens} new tokens"
+        + (f"; draft model {Path(args.draft_model).name}" if args.draft_model else "") + ":", "",
         "| drafter | mode | prompts | differing from target-only | drafted | accepted |",
         "|---|---|---|---|---|---|",
         *(f"| {n} | {m} | {k} | {d} | {dr} | {ac} |" for n, m, k, d, dr, ac, _ in rows)]) + "\n"
