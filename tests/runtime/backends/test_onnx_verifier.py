@@ -71,7 +71,7 @@ def test_io_binding_gives_the_host_path_logits_and_rolls_back(verifiers, tokeniz
     assert torch.equal(host.score(ids, [5, 6, 7, 8]), bound.score(ids, [5, 6, 7, 8]))
     got = bound.score(ids + [11], [12, 13])  # drafts 5..8 rejected: the cache rolls back to the prompt
     assert torch.equal(got, host.score(ids + [11], [12, 13]))
-    assert torch.allclose(got, fresh.score(ids + [11], [12, 13]), atol=1e-5)
+    assert torch.equal(got, fresh.score(ids + [11], [12, 13]))  # batch-invariant: as if never drafted
     assert bound._cached == ids + [11, 12, 13]
 
 
@@ -140,3 +140,15 @@ def test_int8_and_fp16_verifier_exports_are_declared_inexact(tmp_path, tokenizer
     for name, options in {"int8": {"quant": "int8"}, "fp16": {"quant": "none", "precision": "fp16"}}.items():
         export_verifier(target_model, tmp_path / name, max_context=256, tokenizer=tokenizer, validate=False, **options)
         assert not load_lm(str(tmp_path / name), "onnx").lm.exact_batches, name
+
+
+@pytest.mark.parametrize("quant", ["none", "int4"])
+def test_a_verifier_export_drafting_for_itself_has_every_token_accepted(verifiers, quant):
+    engine = Engine.load(str(verifiers[quant]), draft=None)
+    engine.eos_ids = frozenset()
+    spec = engine.with_drafter(ModelDrafter(load_lm(str(verifiers[quant]), "onnx").lm), fallback=None)
+    for pipeline in ("sequential", "overlap", "branches"):
+        for prompt in PROMPTS:
+            result = spec.generate(prompt, GenerationConfig(max_new_tokens=32, num_draft_tokens=4, pipeline=pipeline))
+            assert result.token_ids == target_only(engine, prompt, 32), (pipeline, prompt)
+            assert result.stats.accepted_tokens == result.stats.drafted_tokens > 0, (pipeline, prompt)

@@ -67,3 +67,19 @@ def test_smollm2_in_float32_is_batch_invariant():
     prompt = loaded.tokenizer.encode("Write a Python function that reverses a string.")
     report = check_batch_invariance(loaded.lm, prompt, offsets=(len(prompt),), sizes=(1, 2, 5, 9, 17))
     assert report.exact, report.summary()
+
+
+def test_a_model_drafting_for_itself_has_every_token_accepted(target_model, tokenizer):
+    from mirrorsd import Engine, GenerationConfig
+    from mirrorsd.runtime.drafters import ModelDrafter
+
+    engine = Engine(switched(copy.deepcopy(target_model)), tokenizer)
+    engine.eos_ids = frozenset()
+    assert engine.verifier.exact_batches
+    spec = engine.with_drafter(ModelDrafter(TorchCausalLM(switched(copy.deepcopy(target_model)))), fallback=None)
+    for pipeline in ("sequential", "overlap", "branches"):
+        for prompt in ("def quicksort(arr):\n    if len(arr) <= 1:", "The quick brown fox"):
+            want = engine.generate(prompt, GenerationConfig(max_new_tokens=32)).token_ids
+            result = spec.generate(prompt, GenerationConfig(max_new_tokens=32, num_draft_tokens=4, pipeline=pipeline))
+            assert result.token_ids == want, (pipeline, prompt)
+            assert result.stats.accepted_tokens == result.stats.drafted_tokens > 0, (pipeline, prompt)
