@@ -94,7 +94,7 @@ class ExplicitCacheDecoder(nn.Module):
             out = torch.matmul(probs, values).transpose(1, 2).reshape(1, rows, nh * d)
             h = h + attn.o_proj(out)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        logits = self.model.lm_head(inner.norm(h))[:, :t]  # [1, T, V]
+        logits = self.model.lm_head(inner.norm(h))[:, :t]  # [1, T, V]; dropped after the head, a matmul too
         return (logits, *new_kv)
 
 

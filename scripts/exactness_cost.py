@@ -48,7 +48,7 @@ def prefill_seconds(lm, ids, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def torch_configs(model, tokenizer, args) -> dict:
+def torch_configs(model, tokenizer, args, work: Path) -> dict:
     from mirrorsd.runtime.backends.cpu_kernels import use_onednn_linear
     from mirrorsd.runtime.backends.torch_invariant import make_batch_invariant
     from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
@@ -61,13 +61,13 @@ def torch_configs(model, tokenizer, args) -> dict:
             "batch-invariant (the default)": TorchCausalLM(model, "cpu")}
 
 
-def onnx_configs(model, tokenizer, args) -> dict:
+def onnx_configs(model, tokenizer, args, work: Path) -> dict:
     from mirrorsd.exporters import export_draft, export_verifier
     from mirrorsd.runtime.backends.exported import load_export_lm
 
-    root, configs = Path(args.work), {}
+    configs = {}
     for quant in args.quants:
-        plain, spare = root / f"{quant}-plain", root / f"{quant}-spare"
+        plain, spare = work / f"{quant}-plain", work / f"{quant}-spare"
         export_draft(copy.deepcopy(model), plain, profile="dynamic", quant=quant, max_context=1024,
                      tokenizer=tokenizer, validate=False)
         export_verifier(copy.deepcopy(model), spare, quant=quant, max_context=1024, tokenizer=tokenizer,
@@ -91,8 +91,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, torch.device("cpu"), torch.float32, True)
-    with tempfile.TemporaryDirectory(prefix="exactness-cost-") as args.work:
-        configs = (torch_configs if args.backend == "torch" else onnx_configs)(model, tokenizer, args)
+    with tempfile.TemporaryDirectory(prefix="exactness-cost-") as work:  # the onnx exports
+        configs = (torch_configs if args.backend == "torch" else onnx_configs)(model, tokenizer, args, Path(work))
         text = measure(configs, tokenizer, args)
     print(text)
     if args.out:

@@ -14,6 +14,11 @@ from scipy.stats import chisquare
 PROMPTS = ["def quicksort(arr):\n", "The quick brown fox", "import numpy as np\nfor i in range(10):"]
 
 
+def invariance_tokens(vocab: int, n: int) -> list[int]:
+    """A fixed token sequence for the batch-invariance checks: spread over the vocabulary, no model needed."""
+    return [(i * 7919 + 13) % vocab for i in range(n)]
+
+
 def hf_greedy(model, tokenizer, prompt: str, n: int, **kw) -> list[int]:
     ids = torch.tensor([tokenizer(prompt)["input_ids"]])
     out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None, **kw)

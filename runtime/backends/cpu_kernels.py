@@ -51,10 +51,15 @@ def onednn_linear_available() -> bool:
         return False
 
 
+def onednn_linear_wanted() -> bool:
+    """Not turned off by MIRRORSD_CPU_LINEAR=default (which asks for torch's own kernels)."""
+    return os.environ.get(ENV, "onednn") != "default"
+
+
 def use_onednn_linear(model: torch.nn.Module) -> int:
     """Switch the model's float32 CPU nn.Linear layers to OneDNNLinear; returns how many were switched
     (0 when turned off by MIRRORSD_CPU_LINEAR=default, off the CPU, not float32, or oneDNN unusable)."""
-    if os.environ.get(ENV, "onednn") == "default":
+    if not onednn_linear_wanted():
         return 0
     layers = [m for m in model.modules() if type(m) is torch.nn.Linear
               and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]

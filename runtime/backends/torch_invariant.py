@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import torch
 
-import os
-
-from mirrorsd.runtime.backends.cpu_kernels import ENV, OneDNNLinear, onednn_linear_available
+from mirrorsd.runtime.backends.cpu_kernels import OneDNNLinear, onednn_linear_available, onednn_linear_wanted
 
 ROWWISE_ATTENTION = "mirrorsd_rowwise"
 
@@ -59,11 +57,11 @@ def _float32_cpu(model: torch.nn.Module) -> bool:
 def make_batch_invariant(model: torch.nn.Module) -> bool:
     """Switch a float32 CPU model of a plain-attention family to the batch-invariant kernels, in place (same
     weights and module tree). False, leaving the model as it was, where they do not apply (or
-MIRRORSD_CPU_LINEAR=default asks for torch's own kernels). The torch backend's
-    loader calls it on the model it loads; a model handed to TorchCausalLM directly is left to its owner."""
+    MIRRORSD_CPU_LINEAR=default asks for torch's own kernels). The torch backend's loader calls it on the
+    model it loads; a model handed to TorchCausalLM directly is left to its owner."""
     family = getattr(model.config, "model_type", None)
-    if (os.environ.get(ENV, "onednn") == "default" or family not in FAMILIES or not _float32_cpu(model) or not onednn_linear_available()
-            or not hasattr(model, "set_attn_implementation")):
+    if (not onednn_linear_wanted() or family not in FAMILIES or not _float32_cpu(model)
+            or not onednn_linear_available() or not hasattr(model, "set_attn_implementation")):
         return False
     linears = [m for m in model.modules() if type(m) in (torch.nn.Linear, OneDNNLinear)]
     from transformers import AttentionInterface

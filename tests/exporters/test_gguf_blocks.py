@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gguf_files import load_gguf_weights, quantize_gguf, write_llama_gguf
-from helpers import run
+from helpers import invariance_tokens, run
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.errors import ConfigError, ExportError
 from mirrorsd.exporters import export_verifier, read_manifest, validate_export
@@ -110,7 +110,7 @@ def test_the_gguf_export_is_batch_invariant_and_declared_so(q4km):
     positions equals one-token decoding bit for bit, after whole and chunked prefills."""
     lm = Engine.load(str(q4km[2]), draft=None).verifier
     assert lm.exact_batches
-    report = check_batch_invariance(lm, [(i * 7919 + 13) % 300 for i in range(230)], offsets=(9, 200))
+    report = check_batch_invariance(lm, invariance_tokens(300, 230), offsets=(9, 200))
     assert report.exact, report.summary()
 
 

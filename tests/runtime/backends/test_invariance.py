@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from gguf_files import write_llama_gguf
+from helpers import invariance_tokens
 from mirrorsd.runtime.backends.invariance import check_batch_invariance
 
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend is in the test extra: bash scripts/setup.sh installs it")
@@ -17,7 +18,7 @@ from mirrorsd.runtime.backends.ggml_kernels import batch_invariant_switch  # noq
 from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM  # noqa: E402
 
 QUANTS = {"Q4_K_M": 15, "Q6_K": 18, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}  # llama_ftype values
-TOKENS = [(i * 7919 + 13) % 1000 for i in range(300)]  # past 256: KV views of 512 cells
+TOKENS = invariance_tokens(1000, 300)  # past 256: KV views of 512 cells
 
 
 def quantize(src, dst, ftype: int):

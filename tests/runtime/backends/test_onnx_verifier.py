@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import assert_distribution, exact_first_two, run
+from helpers import assert_distribution, exact_first_two, invariance_tokens, run
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.errors import ConfigError, ExportError
 from mirrorsd.exporters import export_draft, export_verifier, read_manifest
@@ -111,7 +111,7 @@ def test_bad_input_is_a_clear_error(verifiers, tiny_folder, tmp_path, target_mod
     assert "no tokenizer" in err.value.message
 
 
-INVARIANCE_TOKENS = [(i * 7919 + 13) % 300 for i in range(230)]
+INVARIANCE_TOKENS = invariance_tokens(300, 230)
 
 
 @pytest.mark.parametrize("quant", ["none", "int4"])

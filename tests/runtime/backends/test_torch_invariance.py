@@ -10,12 +10,13 @@ import copy
 import pytest
 import torch
 
+from helpers import invariance_tokens
 from mirrorsd.runtime.backends.invariance import check_batch_invariance
 from mirrorsd.runtime.backends.cpu_kernels import onednn_linear_available
 from mirrorsd.runtime.backends.torch_invariant import make_batch_invariant
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 
-TOKENS = [(i * 7919 + 13) % 1000 for i in range(300)]
+TOKENS = invariance_tokens(1000, 300)
 
 pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="the exact kernels are oneDNN's")
 
