@@ -38,6 +38,10 @@ class Draft:
     retrieval, greedy drafting)."""
     source: str
     """Who drafted: "ngram", "torch:cpu", "onnx:QNN", ... (reported in stats)."""
+    match: int = 0
+    """The length of the suffix match a model-free drafter continued (n-gram, retrieval); 0 for a model's
+    draft. A 1-token match is accepted far less often than a longer one, so the step policy keeps acceptance
+    per (source, match length) and verifies each draft only as far as its own kind pays."""
 
     @staticmethod
     def empty(source: str = "none") -> "Draft":

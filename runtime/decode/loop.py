@@ -71,7 +71,7 @@ class InlineProvider:
 
     def draft(self) -> tuple[Draft, ExitRequest | None]:
         budget = self.core.budget() if self.source.active else 0
-        return self.core.constrain(self.source.propose(self.core.committed, budget), budget), None
+        return self.core.prepare(self.source.propose(self.core.committed, budget), budget), None
 
     def learn(self, draft: Draft, outcome: Outcome, waited: float) -> tuple[str | None, HintOutcome | None]:
         self.source.accepted(self.core.committed, outcome.n_accepted)

@@ -109,7 +109,7 @@ class PipelinedProvider:
     def draft(self) -> tuple[Draft, ExitRequest | None]:
         budget = self.core.budget()
         draft, self.quick = self.pick_draft(budget)
-        draft = self.core.constrain(draft, budget)
+        draft = self.core.prepare(draft, budget)
         return draft, self.early_exit(draft, self.quick)
 
     def learn(self, draft: Draft, outcome: Outcome, waited: float) -> tuple[str | None, HintOutcome | None]:

@@ -1,7 +1,8 @@
 """Every adaptive choice of one request, in one place: the StepPolicy.
 
 Per step it decides how many tokens to draft (the K schedule, schedule.py) and whether to draft at all (the
-speculation gate, gate.py, which the schedule's cost model may pause); overlapped, whether the inline
+speculation gate, gate.py, which the schedule's cost model may pause); how much of a model-free draft to verify,
+from the acceptance of its match class (`fit`); overlapped, whether the inline
 model-free draft serves instead of waiting for the worker's lookahead, and whether a step asks for
 early-exit branch candidates. Seeded sampling (`GenerationConfig.reproducible`) must not let timing steer
 any of these: read here, once. Output never depends on a choice made here, only speed.
@@ -10,7 +11,9 @@ any of these: read here, once. Output never depends on a choice made here, only 
 from __future__ import annotations
 
 from mirrorsd.config import GenerationConfig
+from mirrorsd.contracts import Draft
 from mirrorsd.runtime.decode.gate import SpeculationGate
+from mirrorsd.runtime.decode.match_classes import MatchClasses
 from mirrorsd.runtime.decode.schedule import make_schedule
 from mirrorsd.runtime.decode.speedup import expected_tokens_per_step
 
@@ -26,10 +29,12 @@ pass each position; capped so that a run of accepted steps does not rule rejecti
 
 class StepPolicy:
     def __init__(self, config: GenerationConfig, overlapped: bool = False,
-                 curve: tuple[float, ...] | None = None) -> None:
+                 curve: tuple[float, ...] | None = None, matches: MatchClasses | None = None) -> None:
         self.timing_free = config.reproducible
         self.schedule = make_schedule(config, overlapped, curve)
         self.gate = SpeculationGate(enabled=not self.timing_free)
+        self.matches = matches or MatchClasses()  # the verifier's, learned across requests
+        self._fitted: tuple[str, int] | None = None  # the match class of the draft this step verifies
 
     @property
     def alpha(self) -> float:
@@ -41,10 +46,24 @@ class StepPolicy:
         k = min(self.schedule.k, room)
         return k if k > 0 and self.gate.should_draft() else 0
 
+    def fit(self, draft: Draft) -> Draft:
+        """A model-free draft cut to the length that pays at its match class's acceptance (match_classes.py;
+        none left: a plain step). A model's draft, and every draft where timing must not steer a choice
+        (seeded sampling, fixed K), is returned as it is."""
+        self._fitted = None
+        cost = self.schedule.verify_cost() if draft.match and draft.tokens and not self.timing_free else None
+        if cost is None:
+            return draft
+        draft, self._fitted = self.matches.fit(draft, cost)
+        return draft
+
     def learn(self, n_drafted: int, n_accepted: int, committed: int, draft_seconds: float, verify_seconds: float,
               step_seconds: float, measured: bool, schedule: bool = True) -> None:
         """A step's outcome. measured=False: the step carried the prompt prefill (its time says nothing about
         drafting). schedule=False: another drafter than the one the K schedule describes served it."""
+        if self._fitted is not None and n_drafted > 0:
+            self.matches.update(self._fitted, n_drafted, n_accepted)
+        self._fitted = None
         if schedule:
             if measured:
                 self.schedule.observe(n_drafted, draft_seconds, verify_seconds)

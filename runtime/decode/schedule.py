@@ -29,6 +29,9 @@ class DraftLengthSchedule:
     def pays(self) -> bool | None:
         return None  # no cost model: the gate's measured rates alone decide
 
+    def verify_cost(self) -> VerifyCost | None:
+        return None  # timing plays no part
+
     def update(self, n_drafted: int, n_accepted: int) -> int:
         self.acceptance.update(n_drafted, n_accepted)
         if self.adaptive and n_drafted > 0 and self.k > 0:
@@ -75,6 +78,11 @@ class CostAwareSchedule:
         if plain is None or self.draft_per_token.value is None:
             return None
         return self.draft_per_token.value / plain, self.verify.ratio
+
+    def verify_cost(self) -> VerifyCost | None:
+        """The verify pass per K in plain steps, as far as it is known (None before any pass is measured and
+        without a prior curve)."""
+        return self.verify.ratio if self.verify.seconds or self.verify.prior else None
 
     def observe(self, n_drafted: int, draft_seconds: float, verify_seconds: float) -> None:
         """Timings of one step: the drafting that produced its n_drafted tokens, and its verify pass."""
@@ -140,6 +148,9 @@ class VerifyCosts:
         """The pass over k drafted tokens in plain steps (1 at k = 0)."""
         if k == 0:
             return 1.0
+        if not self.seconds:  # nothing measured yet: the prior curve, extended along its last slope
+            last = len(self.prior) - 1
+            return self.prior[min(k, last)] + max(0, k - last) * (self.prior[last] - self.prior[max(last - 1, 0)])
         plain = self.plain_seconds()
         if k in self.seconds:
             return self.seconds[k].value / plain

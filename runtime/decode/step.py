@@ -20,7 +20,7 @@ import numpy as np
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import (CausalLM, Draft, Drafter, ExitRequest, HintOutcome, Step, ThreadControl,
                                 TokenLogprob)
-from mirrorsd.runtime.decode import verify_curve
+from mirrorsd.runtime.decode import match_classes, verify_curve
 from mirrorsd.runtime.decode.policy import StepPolicy
 from mirrorsd.runtime.decode.threads import draft_control, leave_signals_to_the_main_thread, pinned
 from mirrorsd.runtime.timeline import DRAFT, VERIFY, Timeline
@@ -54,7 +54,8 @@ class StepCore:
         self.committed = list(prompt_ids)
         self.prompt_len = len(self.committed)
         self.max_new_tokens, self.generated = max_new_tokens, 0
-        self.policy = StepPolicy(config, overlapped, curve=verify_curve.known(verifier))
+        self.policy = StepPolicy(config, overlapped, curve=verify_curve.known(verifier),
+                                 matches=match_classes.shared(verifier))
 
     @property
     def done(self) -> bool:
@@ -66,9 +67,11 @@ class StepCore:
         return self.policy.draft_length(min(self.max_new_tokens - self.generated - 1,
                                             self.verifier.max_context - len(self.committed) - 1))
 
-    def constrain(self, draft: Draft, budget: int) -> Draft:
-        """Under a grammar (structured output): the draft up to its first token the grammar forbids, or the
-        tokens the grammar forces next where those are more. Unchanged without a grammar."""
+    def prepare(self, draft: Draft, budget: int) -> Draft:
+        """The draft as this step verifies it: cut to the length its match class pays for (a model-free
+        draft: StepPolicy.fit), then, under a grammar (structured output), up to its first token the grammar
+        forbids, or the tokens the grammar forces next where those are more."""
+        draft = self.policy.fit(draft)
         if self.constraint is None:
             return draft
         tokens = self.constraint.clip(draft.tokens) if draft.tokens else []
@@ -76,7 +79,7 @@ class StepCore:
         if len(forced) > len(tokens):
             return Draft(forced, None, "grammar")
         probs = None if draft.probs is None else draft.probs[: len(tokens)]
-        return draft if len(tokens) == len(draft.tokens) else Draft(tokens, probs, draft.source)
+        return draft if len(tokens) == len(draft.tokens) else Draft(tokens, probs, draft.source, draft.match)
 
     def verify(self, draft: Draft, exit_request: ExitRequest | None = None) -> Outcome:
         """Score the draft in one target pass (publishing early-exit hints if asked) and verify it against the
@@ -144,12 +147,10 @@ class DraftSource:
             return Draft.empty()
 
     def accepted(self, committed: Sequence[int], n_accepted: int) -> None:
-        if self.drafter is None:
-            return
-        try:
-            self._call(self.drafter.accepted, tuple(committed), n_accepted)
-        except Exception as exc:
-            self._drop(exc)
+        """Handed to the drafter's thread without waiting: the next propose() waits for it (the thread runs its
+        calls in order) and reports a fault it raised or a hang."""
+        if self.drafter is not None:
+            self._caller.post(self.drafter.accepted, (tuple(committed), n_accepted))
 
     def take_fault(self) -> str | None:
         fault, self._fault = self._fault, None
@@ -157,6 +158,10 @@ class DraftSource:
 
     def close(self) -> None:
         if self._caller is not None:
+            try:  # let the last feedback finish before the request's end reaches the drafter (Learner.finish)
+                self._call(_nothing)
+            except Exception:
+                pass
             self._caller.close()
 
     def _call(self, fn, *args):
@@ -177,13 +182,22 @@ class DraftSource:
                 self._drop(exc)
 
 
+def _nothing() -> None:
+    pass
+
+
 class _Caller:
-    """Runs calls on one daemon thread and waits for each at most `timeout` seconds. A call that overruns
-    raises TimeoutError; its thread is abandoned (never joined), so a hung drafter cannot hang the request."""
+    """Runs calls on one daemon thread, in order, and waits for each at most `timeout` seconds. A call that
+    overruns raises TimeoutError; its thread is abandoned (never joined), so a hung drafter cannot hang the
+    request. A posted call is not waited for: the next call waits behind it, and raises what it raised."""
 
     def __init__(self, core: int | None = None, control: ThreadControl | None = None) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._posted_error: BaseException | None = None  # the thread's own: read and written there only
         threading.Thread(target=self._loop, args=(core, control), name="mirrorsd-drafter", daemon=True).start()
+
+    def post(self, fn, args: tuple) -> None:
+        self._jobs.put((fn, args, None))
 
     def call(self, fn, args: tuple, timeout: float):
         answer: queue.SimpleQueue = queue.SimpleQueue()
@@ -204,10 +218,19 @@ class _Caller:
         with pinned(core, control):
             while (job := self._jobs.get()) is not None:
                 fn, args, answer = job
+                if answer is not None and self._posted_error is not None:
+                    answer.put((False, self._posted_error))  # a posted call failed: this one reports it
+                    continue
                 try:
-                    answer.put((True, fn(*args)))
+                    result = fn(*args)
                 except BaseException as exc:  # handed to the caller, which drops the drafter
-                    answer.put((False, exc))
+                    if answer is None:
+                        self._posted_error = exc
+                    else:
+                        answer.put((False, exc))
+                    continue
+                if answer is not None:
+                    answer.put((True, result))
 
 
 def make_step(draft: Draft, outcome: Outcome, draft_seconds: float, fault: str | None,
@@ -242,13 +265,16 @@ def check_draft(draft: Draft, budget: int, vocab_size: int) -> Draft:
         raise ValueError(f"proposed {k} tokens, more than the {budget} asked for")
     if any(not (0 <= t < vocab_size) for t in tokens):
         raise ValueError(f"proposed token ids outside the target vocabulary [0, {vocab_size})")
+    match = draft.match
+    if isinstance(match, bool) or not isinstance(match, numbers.Integral) or match < 0:
+        raise ValueError(f"draft match length must be an integer >= 0, got {match!r}")
     if draft.probs is None:
-        return Draft(tokens, None, str(draft.source))
+        return Draft(tokens, None, str(draft.source), int(match))
     q = np.asarray(draft.probs, dtype=np.float64)
     if q.ndim != 2 or q.shape[0] != k:
         raise ValueError(f"draft probs have shape {q.shape}, not one row per token ({k} rows)")
     if k == 0:
-        return Draft([], None, str(draft.source))
+        return Draft([], None, str(draft.source), int(match))
     if abs(q.shape[1] - vocab_size) > vocab_size // VOCAB_PADDING_SHARE:
         raise ValueError(f"draft probs are {q.shape[1]} wide, but the target's vocabulary has {vocab_size} ids "
                          "(a draft with another tokenizer?)")
@@ -259,7 +285,7 @@ def check_draft(draft: Draft, budget: int, vocab_size: int) -> Draft:
                          "or rows not summing to 1)")
     if any(t >= q.shape[1] or q[i, t] <= 0 for i, t in enumerate(tokens)):
         raise ValueError("a drafted token has probability 0 under its own draft distribution")
-    return Draft(tokens, q, str(draft.source))
+    return Draft(tokens, q, str(draft.source), int(match))
 
 
 Q_SUM_TOLERANCE = 1e-3  # float32/float16 softmax rows sum to 1 within ~1e-6 / 1e-3

@@ -10,7 +10,6 @@ The chosen drafter's name is the draft's source, so stats say which one served e
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Draft, Drafter
@@ -19,17 +18,12 @@ OPTIMISTIC = 4.0  # expected accepted tokens before a (drafter, match length) ha
 DECAY = 0.8
 
 
-class MatchingDrafter(Drafter, Protocol):
-    """A model-free drafter that continues a suffix match (n-gram, retrieval)."""
-
-    last_match: tuple[int, int]
-    """(match length, support) behind its last proposal; (0, 0) when it proposed nothing."""
-
-
 class ChainDrafter:
+    """Model-free drafters whose drafts say the match they continued (`Draft.match`)."""
+
     model = None
 
-    def __init__(self, *drafters: MatchingDrafter) -> None:
+    def __init__(self, *drafters: Drafter) -> None:
         self.drafters = drafters
         self.name = "chain(" + ",".join(d.name for d in drafters) + ")"
         self._learners = [d.learner for d in drafters if d.learner is not None]
@@ -47,9 +41,8 @@ class ChainDrafter:
             draft = d.propose(committed, max_tokens)
             if not draft.tokens:
                 continue
-            length, support = d.last_match
-            bucket = (i, min(length, 8))
-            key = (min(self.expected.get(bucket, OPTIMISTIC), len(draft.tokens)), length, -i)
+            bucket = (i, min(draft.match, 8))
+            key = (min(self.expected.get(bucket, OPTIMISTIC), len(draft.tokens)), draft.match, -i)
             if best_key is None or key > best_key:
                 best, best_key, self._served = draft, key, bucket
         return best

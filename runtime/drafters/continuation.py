@@ -37,6 +37,11 @@ def likeliest_path(cont: np.ndarray, min_share: float = 0.0, min_support: int = 
     alive = np.arange(cont.shape[0])
     path: list[int] = []
     for d in range(cont.shape[1]):
+        if len(alive) == 1 and min_support <= 1:  # one occurrence left: the rest of it, up to a separator
+            rest = cont[alive[0], d:]
+            ends = np.flatnonzero(rest == SEPARATOR)
+            path += rest[: ends[0] if ends.size else len(rest)].tolist()
+            break
         col = cont[alive, d]
         values, inverse, counts = np.unique(col, return_inverse=True, return_counts=True)
         last_row = np.zeros(len(values), dtype=np.int64)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Draft
@@ -32,26 +31,34 @@ class NGramDrafter:
         self.min_ngram = min_ngram
         self.min_share = min_share
         self.max_occurrences = max_occurrences
-        self.last_match = (0, 0)  # (match length, support) of the last proposal
 
     def start(self, config: GenerationConfig) -> None:
         pass  # stateless: the committed history is all it needs
 
     def propose(self, committed: Sequence[int], max_tokens: int) -> Draft:
-        self.last_match = (0, 0)
         if max_tokens <= 0 or len(committed) < 2:
             return Draft.empty(self.name)
         seq = np.asarray(committed, dtype=np.int64)  # [L]
-        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            windows = sliding_window_view(seq[:-1], n)  # [L-n, n]; never the suffix itself
-            hits = np.flatnonzero((windows == seq[-n:]).all(axis=1))[-self.max_occurrences:]
+        for n, ends in self._matches(seq):
+            hits = ends[-self.max_occurrences:]
             if hits.size:
-                cont = continuation_matrix(seq, hits + n, draft_length_for_match(n, max_tokens))
-                tokens, support = likeliest_path(cont, self.min_share)
+                cont = continuation_matrix(seq, hits + 1, draft_length_for_match(n, max_tokens))
+                tokens, _ = likeliest_path(cont, self.min_share)
                 if tokens:
-                    self.last_match = (n, support)
-                    return Draft(tokens, None, self.name)
+                    return Draft(tokens, None, self.name, match=n)
         return Draft.empty(self.name)
+
+    def _matches(self, seq: np.ndarray):
+        """(n, end positions of earlier occurrences of the last n tokens), longest n first: the positions
+        matching the last token, narrowed one token further back per n (one pass over the history)."""
+        ends = [np.flatnonzero(seq[:-1] == seq[-1])]  # [hits]; never the suffix itself
+        for n in range(2, min(self.max_ngram, len(seq) - 1) + 1):
+            prev = ends[-1][ends[-1] >= n - 1]
+            ends.append(prev[seq[prev - (n - 1)] == seq[-n]])
+            if not ends[-1].size:
+                break
+        for n in range(len(ends), self.min_ngram - 1, -1):
+            yield n, ends[n - 1]
 
     def accepted(self, committed: Sequence[int], n_accepted: int) -> None:
         pass

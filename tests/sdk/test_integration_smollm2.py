@@ -186,7 +186,7 @@ def test_a_grammar_clipped_draft_holds_only_tokens_the_grammar_masks_allow(smol_
         allowed = constraint.masks([])[0]
         logits = smol_cpp.verifier.score(core.committed, [])[0]
         for candidate in torch.topk(logits.float(), 20).indices.tolist():
-            kept = core.constrain(Draft([candidate], None, "test"), 4)
+            kept = core.prepare(Draft([candidate], None, "test"), 4)
             if kept.source == "test" and kept.tokens:
                 assert allowed[candidate], (len(core.committed), smol_cpp.tokenizer.decode([candidate]))
         core.commit(Outcome(0, [token], 0.0, 0.0))

@@ -25,20 +25,18 @@ class RetrievalDrafter:
         self.learn = learn
         self.learner = self if learn else None
         self.min_match, self.max_match, self.min_share = min_match, max_match, min_share
-        self.last_match = (0, 0)
 
     def start(self, config: GenerationConfig) -> None:
         pass
 
     def propose(self, committed: Sequence[int], max_tokens: int) -> Draft:
-        self.last_match = (0, 0)
         if max_tokens <= 0:
             return Draft.empty(self.name)
         match = self.datastore.match(committed, max_tokens, self.min_match, self.max_match, min_share=self.min_share)
         if match is None or not match.tokens:
             return Draft.empty(self.name)
-        self.last_match = (match.length, match.support)
-        return Draft(match.tokens[: draft_length_for_match(match.length, max_tokens)], None, self.name)
+        return Draft(match.tokens[: draft_length_for_match(match.length, max_tokens)], None, self.name,
+                     match=match.length)
 
     def accepted(self, committed: Sequence[int], n_accepted: int) -> None:
         pass

@@ -1,0 +1,82 @@
+"""Model-free drafts verified only as far as their match class pays (runtime/decode/match_classes.py)."""
+
+from mirrorsd.config import GenerationConfig
+from mirrorsd.contracts import Draft
+from mirrorsd.runtime.decode import match_classes
+from mirrorsd.runtime.decode.match_classes import FIRST_PROBE_AFTER, LAST_PROBE_AFTER, MatchClasses
+from mirrorsd.runtime.decode.policy import StepPolicy
+from mirrorsd.runtime.decode.speedup import expected_tokens_per_step
+
+STEEP = (1.0, 1.5, 1.7, 1.85, 2.2, 2.35, 2.5, 2.75, 3.0)  # smollm2-135m's exact llama.cpp curve, roughly
+cost = STEEP.__getitem__
+
+
+def ngram(n_tokens: int, match: int) -> Draft:
+    return Draft(list(range(10, 10 + n_tokens)), None, "ngram", match=match)
+
+
+def test_a_class_that_is_always_rejected_stops_being_verified_and_is_probed_ever_more_rarely():
+    classes = MatchClasses()
+    verified = []
+    for i in range(400):
+        draft, key = classes.fit(ngram(4, match=1), cost)
+        if draft.tokens:
+            verified.append(i)
+            classes.update(key, len(draft.tokens), 0)
+    first_skip = next(i for i in range(400) if i not in verified)
+    assert first_skip <= 3  # a couple of rejections are enough at this cost curve
+    probes = [i for i in verified if i > first_skip]
+    waits, wait = [], FIRST_PROBE_AFTER  # the n-th skipped draft since the last verified one is probed
+    for _ in probes:
+        waits.append(wait)
+        wait = min(2 * wait, LAST_PROBE_AFTER)
+    assert [b - a for a, b in zip([first_skip - 1] + probes, probes)] == waits
+    assert len(probes) <= 6  # nearly 400 drafts skipped, at a bounded and shrinking cost
+
+def test_a_class_that_is_accepted_is_verified_to_the_length_that_pays_most():
+    classes = MatchClasses()
+    for _ in range(30):
+        draft, key = classes.fit(ngram(8, match=4), cost)
+        classes.update(key, len(draft.tokens), len(draft.tokens))  # every token accepted
+    alpha = classes.acceptance[("ngram", 4)].alpha
+    best = max(range(9), key=lambda k: expected_tokens_per_step(alpha, k) / cost(k))
+    draft, key = classes.fit(ngram(8, match=4), cost)
+    assert alpha > 0.9 and len(draft.tokens) == best >= 6 and key == ("ngram", 4)
+
+
+def test_classes_are_kept_apart_by_source_and_match_length():
+    classes = MatchClasses()
+    for _ in range(5):
+        draft, key = classes.fit(ngram(4, match=1), cost)
+        if key:
+            classes.update(key, len(draft.tokens), 0)
+    assert classes.fit(ngram(4, match=1), cost)[0].tokens == []
+    assert classes.fit(ngram(4, match=3), cost)[0].tokens  # a longer match starts afresh
+    retrieval = Draft([1, 2, 3], None, "retrieval", match=1)
+    assert classes.fit(retrieval, cost)[0].tokens
+
+
+def test_the_policy_leaves_model_drafts_and_seeded_sampling_alone():
+    model_draft = Draft([1, 2, 3, 4], None, "torch:cpu")  # match 0: a model's draft, K is the schedule's
+    policy = StepPolicy(GenerationConfig(), curve=STEEP)
+    assert policy.fit(model_draft) is model_draft
+    seeded = StepPolicy(GenerationConfig(temperature=0.8, seed=1), curve=STEEP)
+    for _ in range(10):
+        draft = seeded.fit(ngram(4, match=1))
+        assert draft.tokens == [10, 11, 12, 13]  # timing must not steer a seeded run's drafts
+        seeded.learn(4, 0, 1, 0.0, 0.01, 0.01, measured=True)
+
+
+def test_the_policy_learns_into_the_verifiers_classes_across_requests():
+    class Verifier:  # only its identity matters here
+        pass
+
+    lm = Verifier()
+    assert match_classes.shared(lm) is match_classes.shared(lm)
+    for _ in range(2):  # two requests on one verifier
+        policy = StepPolicy(GenerationConfig(), curve=STEEP, matches=match_classes.shared(lm))
+        for _ in range(3):
+            draft = policy.fit(ngram(4, match=1))
+            policy.learn(len(draft.tokens), 0, 1, 0.0, 0.01, 0.01, measured=True)
+    assert match_classes.shared(lm).acceptance[("ngram", 1)].alpha < 0.3
+    assert match_classes.shared(Verifier()).acceptance == {}  # another verifier starts afresh
