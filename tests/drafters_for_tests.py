@@ -58,7 +58,7 @@ class FailingDrafter(RandomTokenDrafter):
     name = "failing"
     FAULTS = ("raise", "garbage", "too-long", "feedback-raises", "nan-q", "inf-q", "negative-q", "unnormalised-q",
               "zero-q-for-token", "1d-q", "narrow-q", "wide-q", "string-ids", "float-ids", "not-a-draft", "start-raises", "hang",
-              "mutate-history")
+              "mutate-history", "bad-match")
 
     def __init__(self, vocab_size: int, how: str, good_steps: int = 2, hang_s: float = 3.0) -> None:
         super().__init__(vocab_size)
@@ -91,6 +91,8 @@ class FailingDrafter(RandomTokenDrafter):
             return Draft([t + 0.5 for t in good.tokens], None, self.name)
         if how == "not-a-draft":
             return good.tokens
+        if how == "bad-match":  # a match length must be a non-negative integer
+            return Draft(good.tokens, None, self.name, match=-2)
         if how == "hang":
             time.sleep(self.hang_s)
         if how == "mutate-history":

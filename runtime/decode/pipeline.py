@@ -109,7 +109,8 @@ class PipelinedProvider:
     def draft(self) -> tuple[Draft, ExitRequest | None]:
         budget = self.core.budget()
         draft, self.quick = self.pick_draft(budget)
-        draft = self.core.prepare(draft, budget)
+        # A quick draft was weighed against waiting for the lookahead, not against a plain step: verified whole.
+        draft = self.core.prepare(draft, budget, whole=self.quick)
         return draft, self.early_exit(draft, self.quick)
 
     def learn(self, draft: Draft, outcome: Outcome, waited: float) -> tuple[str | None, HintOutcome | None]:
@@ -244,8 +245,6 @@ class PipelinedProvider:
         if len(self.look.tokens) >= want or self.look.stalled_at is not None:
             return None
         draft = self.inline.propose(self.core.committed, budget)
-        if not draft.tokens:
-            return None
         wait = (want - len(self.look.tokens)) * (self.worker.token_seconds.value or 0.0)
         pays = self.core.policy.quick_pays(self.quick_acceptance.alpha, len(draft.tokens), want, wait,
                                            self.verify_seconds.value)

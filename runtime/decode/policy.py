@@ -34,7 +34,7 @@ class StepPolicy:
         self.schedule = make_schedule(config, overlapped, curve)
         self.gate = SpeculationGate(enabled=not self.timing_free)
         self.matches = matches or MatchClasses()  # the verifier's, learned across requests
-        self._fitted: tuple[str, int] | None = None  # the match class of the draft this step verifies
+        self._proposed: Draft | None = None  # this step's model-free draft as proposed, before fit cut it
 
     @property
     def alpha(self) -> float:
@@ -46,30 +46,36 @@ class StepPolicy:
         k = min(self.schedule.k, room)
         return k if k > 0 and self.gate.should_draft() else 0
 
-    def fit(self, draft: Draft) -> Draft:
-        """A model-free draft cut to the length that pays at its match class's acceptance (match_classes.py;
-        none left: a plain step). A model's draft, and every draft where timing must not steer a choice
-        (seeded sampling, fixed K), is returned as it is."""
-        self._fitted = None
-        cost = self.schedule.verify_cost() if draft.match and draft.tokens and not self.timing_free else None
-        if cost is None:
-            return draft
-        draft, self._fitted = self.matches.fit(draft, cost)
-        return draft
+    def fit(self, draft: Draft, whole: bool = False) -> Draft:
+        """This step's draft as it will be verified: a model-free draft cut to the length that pays at its match
+        class's acceptance (match_classes.py; none left: a plain step), the class learning from the step.
+        whole: verified as it is (a draft weighed against something else than a plain step)."""
+        self._proposed = draft if self._class_cost(draft) is not None else None
+        return draft if whole else self.cut(draft)
 
-    def learn(self, n_drafted: int, n_accepted: int, committed: int, draft_seconds: float, verify_seconds: float,
-              step_seconds: float, measured: bool, schedule: bool = True) -> None:
-        """A step's outcome. measured=False: the step carried the prompt prefill (its time says nothing about
-        drafting). schedule=False: another drafter than the one the K schedule describes served it."""
-        if self._fitted is not None and n_drafted > 0:
-            self.matches.update(self._fitted, n_drafted, n_accepted)
-        self._fitted = None
+    def cut(self, draft: Draft) -> Draft:
+        """`fit` without learning from the step (a draft that may not serve it). A model's draft, and every draft
+        where timing must not steer a choice (seeded sampling, fixed K), is returned as it is."""
+        cost = self._class_cost(draft)
+        return draft if cost is None else self.matches.fit(draft, cost)
+
+    def _class_cost(self, draft: Draft):
+        return self.schedule.verify_cost() if draft.match and draft.tokens and not self.timing_free else None
+
+    def learn(self, n_drafted: int, n_accepted: int, committed: list[int], draft_seconds: float,
+              verify_seconds: float, step_seconds: float, measured: bool, schedule: bool = True) -> None:
+        """A step's outcome (n_drafted tokens verified, `committed` the tokens it committed). measured=False: the
+        step carried the prompt prefill (its time says nothing about drafting). schedule=False: another drafter
+        than the one the K schedule describes served it."""
+        if self._proposed is not None:
+            self.matches.learn(self._proposed, n_drafted, n_accepted, committed)
+            self._proposed = None
         if schedule:
             if measured:
                 self.schedule.observe(n_drafted, draft_seconds, verify_seconds)
             self.schedule.update(n_drafted, n_accepted)
         if measured:
-            self.gate.record(n_drafted > 0, committed, step_seconds)
+            self.gate.record(n_drafted > 0, len(committed), step_seconds)
             if schedule and n_drafted > 0 and self.schedule.pays() is False:
                 self.gate.pause()  # the cost model sees a loss at every K before the rates do
 

@@ -67,13 +67,15 @@ class StepCore:
         return self.policy.draft_length(min(self.max_new_tokens - self.generated - 1,
                                             self.verifier.max_context - len(self.committed) - 1))
 
-    def prepare(self, draft: Draft, budget: int) -> Draft:
-        """The draft as this step verifies it: cut to the length its match class pays for (a model-free
-        draft: StepPolicy.fit), then, under a grammar (structured output), up to its first token the grammar
-        forbids, or the tokens the grammar forces next where those are more."""
-        draft = self.policy.fit(draft)
-        if self.constraint is None:
-            return draft
+    def prepare(self, draft: Draft, budget: int, whole: bool = False) -> Draft:
+        """The draft as this step verifies it: under a grammar (structured output), up to its first token the
+        grammar forbids, or the tokens the grammar forces next where those are more; then a model-free draft cut
+        to the length its match class pays for against a plain step (StepPolicy.fit; whole: not cut)."""
+        if self.constraint is not None:
+            draft = self._constrain(draft, budget)
+        return self.policy.fit(draft, whole)
+
+    def _constrain(self, draft: Draft, budget: int) -> Draft:
         tokens = self.constraint.clip(draft.tokens) if draft.tokens else []
         forced = self.constraint.forced(budget)
         if len(forced) > len(tokens):
@@ -109,7 +111,7 @@ class StepCore:
         """Feed the policy after commit(). schedule=False: the step was served by a drafter other than the one
         the K schedule describes (the pipeline's quick model-free draft)."""
         measured = self.generated > len(outcome.tokens)  # the first step carries the prompt prefill
-        self.policy.learn(n_drafted, outcome.n_accepted, len(outcome.tokens), draft_seconds, outcome.seconds,
+        self.policy.learn(n_drafted, outcome.n_accepted, outcome.tokens, draft_seconds, outcome.seconds,
                           step_seconds, measured, schedule)
 
 
