@@ -3,14 +3,19 @@
 The target decodes the bench suite's greedy prompts (json-schema ones left out) once; each drafter then replays
 those answers (greedy speculative decoding commits exactly them: propose up to K, keep the matching prefix,
 advance) and every draft is counted under its (source, match length) class. Writes table.md into --out.
+With --ab, instead: each drafter decodes the prompts with and without the cut per match class (StepPolicy.fit),
+interleaved in one process, and ab.md gets per-category speedups over target-only decoding (medians of the
+repeats, seconds per generated token after the prompt).
 
     .venv/bin/python scripts/match_classes.py --model qwen2.5-coder-1.5b --out docs/match-classes/qwen2.5-coder-1.5b
+    .venv/bin/python scripts/match_classes.py --model smollm2-135m --ab --repeats 3 --out docs/match-classes/smollm2-135m
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import statistics
 from pathlib import Path
 
 from mirrorsd import Engine, GenerationConfig
@@ -50,15 +55,67 @@ def replay(drafter, runs, k: int) -> dict[int, list[int]]:
     return counts
 
 
+def ab(engine: Engine, prompts, drafters: list[str], tokens: int, repeats: int) -> list[str]:
+    """Per-category speedup over target-only of each drafter with the cut per match class and without."""
+    from mirrorsd.runtime.decode.policy import StepPolicy
+
+    fit = StepPolicy.fit
+    rows = ["none"] + [f"{d}{tag}" for d in drafters for tag in ("", " (uncut)")]
+    engines = {r: engine if r == "none" else engine.with_drafter(r.split()[0]) for r in rows}
+
+    def run(row, prompt, n):
+        StepPolicy.fit = (lambda self, draft, whole=False: draft) if row.endswith("(uncut)") else fit
+        try:
+            engine.reset()
+            return engines[row].generate(prompt.request, GenerationConfig(
+                max_new_tokens=n, temperature=prompt.temperature, top_p=prompt.top_p)).stats
+        finally:
+            StepPolicy.fit = fit
+
+    for row in rows:  # warm up: the verify curve, first calls
+        run(row, prompts[0], 8)
+    seconds = collections.defaultdict(list)
+    for rep in range(repeats):
+        for prompt in prompts:
+            for row in rows[rep % len(rows):] + rows[:rep % len(rows)]:
+                s = run(row, prompt, tokens)
+                seconds[prompt.label, row].append((s.total_time_s - s.prompt_time_s) / max(s.generated_tokens - 1, 1))
+    per = collections.defaultdict(lambda: collections.defaultdict(float))  # category -> row -> seconds
+    for prompt in prompts:
+        for row in rows:
+            for cat in (prompt.category, "all"):
+                per[cat][row] += statistics.median(seconds[prompt.label, row])
+    cats = [c for c in per if c != "all"] + ["all"]
+    lines = ["| configuration | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
+    for row in rows[1:]:
+        lines.append(f"| {row} | " + " | ".join(f"{per[c]['none'] / per[c][row]:.2f}x" for c in cats) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("-k", type=int, default=8, help="draft tokens asked for per step")
+    parser.add_argument("--ab", action="store_true", help="time decoding with and without the per-class cut")
+    parser.add_argument("--categories", nargs="*", help="only these categories (--ab)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per prompt and configuration (--ab)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     engine = Engine.load(target=args.model, draft=None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.ab:
+        prompts = [p for p in bundled_suite(args.per_category)
+                   if p.json_schema is None and (not args.categories or p.category in args.categories)]
+        lines = [f"{args.model}: tok/s over target-only decoding, {len(prompts)} bench prompts, {args.max_new_tokens} "
+                 f"new tokens at most, medians of {args.repeats} interleaved runs in one process; (uncut): every "
+                 "model-free draft verified as proposed.", "", *ab(engine, prompts, ["ngram", "chain"],
+                                                                   args.max_new_tokens, args.repeats)]
+        (out / "ab.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return
     runs = answers(engine, args.per_category, args.max_new_tokens)
     lines = [f"{args.model}: greedy answers to {len(runs)} bench prompts ({args.max_new_tokens} new tokens at most), "
              f"replayed at K = {args.k}; alpha = accepted / draft positions reached.", "",
@@ -68,8 +125,6 @@ def main() -> None:
         for length, (drafts, reached, accepted) in sorted(counts.items()):
             label = f"{length}+" if length == LONGEST_CLASS else str(length)
             lines.append(f"| {name} | {label} | {drafts} | {accepted / reached:.2f} | {accepted / drafts:.2f} |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -18,11 +18,12 @@ only speed.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import replace
 
 from mirrorsd.contracts import CausalLM, Draft
 from mirrorsd.runtime.decode.estimates import AcceptanceEstimate
-from mirrorsd.runtime.decode.speedup import VerifyCost, expected_tokens_per_step
+from mirrorsd.runtime.decode.speedup import expected_tokens_per_step
 
 LONGEST_CLASS = 4
 """Matches this long or longer form one class per source."""
@@ -40,11 +41,12 @@ class MatchClasses:
     def key(draft: Draft) -> Key:
         return draft.source, min(draft.match, LONGEST_CLASS)
 
-    def fit(self, draft: Draft, cost: VerifyCost) -> Draft:
-        """The draft cut to the length k that maximises expected tokens per step over the pass's cost (the
-        drafting is already done: only the pass is weighed); k = 0 is a plain step."""
+    def fit(self, draft: Draft, cost: Sequence[float]) -> Draft:
+        """The draft cut to the length k that maximises expected tokens per step over the pass's cost (cost[k]:
+        the pass over k drafted tokens in plain steps; the drafting is already done, so only the pass is
+        weighed); k = 0 is a plain step."""
         alpha = self.acceptance.setdefault(self.key(draft), AcceptanceEstimate()).alpha
-        k = max(range(len(draft.tokens) + 1), key=lambda k: expected_tokens_per_step(alpha, k) / cost(k))
+        k = max(range(len(draft.tokens) + 1), key=lambda k: expected_tokens_per_step(alpha, k) / cost[k])
         return draft if k == len(draft.tokens) else replace(draft, tokens=draft.tokens[:k])
 
     def learn(self, proposed: Draft, verified: int, n_accepted: int, committed: list[int]) -> None:

@@ -59,8 +59,11 @@ class StepPolicy:
         cost = self._class_cost(draft)
         return draft if cost is None else self.matches.fit(draft, cost)
 
-    def _class_cost(self, draft: Draft):
-        return self.schedule.verify_cost() if draft.match and draft.tokens and not self.timing_free else None
+    def _class_cost(self, draft: Draft) -> list[float] | None:
+        """The verify costs a model-free draft is cut against (None: not cut)."""
+        if not draft.match or not draft.tokens or self.timing_free:
+            return None
+        return self.schedule.verify_costs(len(draft.tokens))
 
     def learn(self, n_drafted: int, n_accepted: int, committed: list[int], draft_seconds: float,
               verify_seconds: float, step_seconds: float, measured: bool, schedule: bool = True) -> None:

@@ -29,7 +29,7 @@ class DraftLengthSchedule:
     def pays(self) -> bool | None:
         return None  # no cost model: the gate's measured rates alone decide
 
-    def verify_cost(self) -> VerifyCost | None:
+    def verify_costs(self, n: int) -> list[float] | None:
         return None  # timing plays no part
 
     def update(self, n_drafted: int, n_accepted: int) -> int:
@@ -79,10 +79,10 @@ class CostAwareSchedule:
             return None
         return self.draft_per_token.value / plain, self.verify.ratio
 
-    def verify_cost(self) -> VerifyCost | None:
-        """The verify pass per K in plain steps, as far as it is known (None before any pass is measured and
-        without a prior curve)."""
-        return self.verify.ratio if self.verify.seconds or self.verify.prior else None
+    def verify_costs(self, n: int) -> list[float] | None:
+        """The verify pass over K = 0..n drafted tokens in plain steps, as far as it is known (None before any
+        pass is measured and without a prior curve)."""
+        return self.verify.ratios(n) if self.verify.seconds or self.verify.prior else None
 
     def observe(self, n_drafted: int, draft_seconds: float, verify_seconds: float) -> None:
         """Timings of one step: the drafting that produced its n_drafted tokens, and its verify pass."""
@@ -102,7 +102,7 @@ class CostAwareSchedule:
         costs = self.costs()
         if costs is not None:
             c, cost = costs
-            ratios = [cost(k) for k in range(self.max_k + 1)]  # once per update, not per choice scored
+            ratios = self.verify.ratios(self.max_k)  # once per update, not per choice scored
             v = ratios.__getitem__
             alpha = self.acceptance.alpha
             ks = range(1, self.max_k + 1)
@@ -143,6 +143,21 @@ class VerifyCosts:
             return self.seconds[0].value
         scaled = [ema.value / self._prior(k) for k, ema in self.seconds.items() if self._prior(k)]
         return sum(scaled) / len(scaled) if scaled else self._fit.line()[0]
+
+    def ratios(self, n: int) -> list[float]:
+        """ratio(k) for k = 0..n, with the plain step worked out once."""
+        if not self.seconds:
+            return [self.ratio(k) for k in range(n + 1)]
+        plain, line, out = self.plain_seconds(), None, [1.0]
+        for k in range(1, n + 1):
+            if k in self.seconds:
+                out.append(self.seconds[k].value / plain)
+            elif self._prior(k) is not None:
+                out.append(self._prior(k))
+            else:
+                line = line or self._fit.line()
+                out.append((line[0] + line[1] * k) / plain)
+        return out
 
     def ratio(self, k: int) -> float:
         """The pass over k drafted tokens in plain steps (1 at k = 0)."""

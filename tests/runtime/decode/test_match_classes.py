@@ -8,7 +8,7 @@ from mirrorsd.runtime.decode.policy import StepPolicy
 from mirrorsd.runtime.decode.speedup import expected_tokens_per_step
 
 STEEP = (1.0, 1.5, 1.7, 1.85, 2.2, 2.35, 2.5, 2.75, 3.0)  # smollm2-135m's exact llama.cpp curve, roughly
-cost = STEEP.__getitem__
+cost = STEEP
 
 
 def ngram(n_tokens: int, match: int) -> Draft:
@@ -49,7 +49,7 @@ def test_a_class_that_is_accepted_is_verified_to_the_length_that_pays_most():
         draft = classes.fit(proposed, cost)
         classes.learn(proposed, len(draft.tokens), len(draft.tokens), draft.tokens + [0])  # every token accepted
     alpha = classes.acceptance[("ngram", 4)].alpha
-    best = max(range(9), key=lambda k: expected_tokens_per_step(alpha, k) / cost(k))
+    best = max(range(9), key=lambda k: expected_tokens_per_step(alpha, k) / cost[k])
     assert alpha > 0.9 and len(classes.fit(ngram(8, match=4), cost).tokens) == best >= 6
 
 
