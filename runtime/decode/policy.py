@@ -49,15 +49,11 @@ class StepPolicy:
     def fit(self, draft: Draft, whole: bool = False) -> Draft:
         """This step's draft as it will be verified: a model-free draft cut to the length that pays at its match
         class's acceptance (match_classes.py; none left: a plain step), the class learning from the step.
-        whole: verified as it is (a draft weighed against something else than a plain step)."""
-        self._proposed = draft if self._class_cost(draft) is not None else None
-        return draft if whole else self.cut(draft)
-
-    def cut(self, draft: Draft) -> Draft:
-        """`fit` without learning from the step (a draft that may not serve it). A model's draft, and every draft
-        where timing must not steer a choice (seeded sampling, fixed K), is returned as it is."""
+        whole: verified as it is (a draft weighed against something else than a plain step). A model's draft,
+        and every draft where timing must not steer a choice (seeded sampling, fixed K), is returned as it is."""
         cost = self._class_cost(draft)
-        return draft if cost is None else self.matches.fit(draft, cost)
+        self._proposed = None if cost is None else draft
+        return draft if whole or cost is None else self.matches.fit(draft, cost)
 
     def _class_cost(self, draft: Draft) -> list[float] | None:
         """The verify costs a model-free draft is cut against (None: not cut)."""

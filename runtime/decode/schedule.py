@@ -145,9 +145,11 @@ class VerifyCosts:
         return sum(scaled) / len(scaled) if scaled else self._fit.line()[0]
 
     def ratios(self, n: int) -> list[float]:
-        """ratio(k) for k = 0..n, with the plain step worked out once."""
-        if not self.seconds:
-            return [self.ratio(k) for k in range(n + 1)]
+        """The pass over k = 0..n drafted tokens in plain steps (1 at k = 0), the plain step worked out once."""
+        if not self.seconds:  # nothing measured yet: the prior curve, extended along its last slope
+            last = len(self.prior) - 1
+            slope = self.prior[last] - self.prior[max(last - 1, 0)]
+            return [1.0] + [self.prior[min(k, last)] + max(0, k - last) * slope for k in range(1, n + 1)]
         plain, line, out = self.plain_seconds(), None, [1.0]
         for k in range(1, n + 1):
             if k in self.seconds:
@@ -161,18 +163,7 @@ class VerifyCosts:
 
     def ratio(self, k: int) -> float:
         """The pass over k drafted tokens in plain steps (1 at k = 0)."""
-        if k == 0:
-            return 1.0
-        if not self.seconds:  # nothing measured yet: the prior curve, extended along its last slope
-            last = len(self.prior) - 1
-            return self.prior[min(k, last)] + max(0, k - last) * (self.prior[last] - self.prior[max(last - 1, 0)])
-        plain = self.plain_seconds()
-        if k in self.seconds:
-            return self.seconds[k].value / plain
-        if self._prior(k) is not None:
-            return self._prior(k)
-        a, b = self._fit.line()
-        return (a + b * k) / plain
+        return self.ratios(k)[k]
 
 
 class _LinearFit:
