@@ -201,6 +201,10 @@ class Drafter(Protocol):
     model-free drafters, which take microseconds on the host."""
     learner: Learner | None
     """Where the drafter learns from finished requests (retrieval appends replies to its datastore)."""
+    bounded: bool
+    """Every call returns promptly, computing in memory on the host (mirrorsd's n-gram and retrieval lookups): it
+    runs on the request's own thread. False: it runs on a helper thread the request can abandon if it hangs
+    (a model, I/O, anyone else's code), at the cost of a thread hand-off per call."""
 
     def start(self, config: GenerationConfig) -> None:
         """A new request begins with these settings (drafters that sample seed themselves here)."""

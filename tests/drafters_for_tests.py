@@ -15,6 +15,7 @@ class RandomTokenDrafter:
     name = "random"
     model = None
     learner = None
+    bounded = False
 
     def __init__(self, vocab_size: int, seed: int = 0) -> None:
         self.vocab_size = vocab_size
@@ -60,9 +61,11 @@ class FailingDrafter(RandomTokenDrafter):
               "zero-q-for-token", "1d-q", "narrow-q", "wide-q", "string-ids", "float-ids", "not-a-draft", "start-raises", "hang",
               "mutate-history", "bad-match")
 
-    def __init__(self, vocab_size: int, how: str, good_steps: int = 2, hang_s: float = 3.0) -> None:
+    def __init__(self, vocab_size: int, how: str, good_steps: int = 2, hang_s: float = 3.0,
+                 bounded: bool = False) -> None:
+        """bounded: declares that its calls return promptly (they run on the request's thread)."""
         super().__init__(vocab_size)
-        self.how, self.left, self.hang_s = how, good_steps, hang_s
+        self.how, self.left, self.hang_s, self.bounded = how, good_steps, hang_s, bounded
 
     def start(self, config: GenerationConfig) -> None:
         if self.how == "start-raises":
@@ -112,6 +115,7 @@ class PacedDrafter:
     def __init__(self, inner, delay_s: float = 0.02) -> None:
         self.inner, self.delay_s = inner, delay_s
         self.name, self.model, self.learner = inner.name, inner.model, inner.learner
+        self.bounded = False  # it sleeps
 
     def start(self, config: GenerationConfig) -> None:
         self.inner.start(config)
@@ -143,6 +147,7 @@ class ScriptedDrafter:
     name = "scripted"
     model = None
     learner = None
+    bounded = True
 
     def __init__(self, sequences: list[list[int]], vocab_size: int, correct: int = 1 << 30) -> None:
         self.sequences, self.vocab_size, self.correct = sequences, vocab_size, correct

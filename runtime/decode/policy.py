@@ -35,6 +35,7 @@ class StepPolicy:
         self.gate = SpeculationGate(enabled=not self.timing_free)
         self.matches = matches or MatchClasses()  # the verifier's, learned across requests
         self._proposed: Draft | None = None  # this step's model-free draft as proposed, before fit cut it
+        self._asked = False  # this step asked the drafter for a draft (the gate let it)
 
     @property
     def alpha(self) -> float:
@@ -44,7 +45,8 @@ class StepPolicy:
     def draft_length(self, room: int) -> int:
         """Tokens to draft this step, at most `room` (0: a plain step: no room, or the gate has drafting paused)."""
         k = min(self.schedule.k, room)
-        return k if k > 0 and self.gate.should_draft() else 0
+        self._asked = k > 0 and self.gate.should_draft()
+        return k if self._asked else 0
 
     def fit(self, draft: Draft, whole: bool = False) -> Draft:
         """This step's draft as it will be verified: a model-free draft cut to the length that pays at its match
@@ -73,8 +75,11 @@ class StepPolicy:
             if measured:
                 self.schedule.observe(n_drafted, draft_seconds, verify_seconds)
             self.schedule.update(n_drafted, n_accepted)
+        # The gate weighs the steps that asked for a draft, whatever was verified: a draft that its match class
+        # cut to nothing, or an empty one, still cost its drafting.
+        asked, self._asked = self._asked or n_drafted > 0, False
         if measured:
-            self.gate.record(n_drafted > 0, len(committed), step_seconds)
+            self.gate.record(asked, len(committed), step_seconds)
             if schedule and n_drafted > 0 and self.schedule.pays() is False:
                 self.gate.pause()  # the cost model sees a loss at every K before the rates do
 

@@ -119,16 +119,18 @@ class DraftSource:
     """Checked drafting for a loop that drafts between verify steps: the drafter until its first fault (an
     exception, a draft that breaks the contract, or no answer within draft_timeout_s), then the fallback,
     then nothing. A fault costs speed, never output; `take_fault()` reports it once, for the step's record.
-    Drafters run on a helper thread so that one that hangs can be abandoned, and see the committed history
-    as a tuple: nothing a drafter does can write to it."""
+    Drafters run on a helper thread so that one that hangs can be abandoned (a `bounded` one, whose calls
+    return promptly, on the calling thread: a hand-off costs more than its lookup), and see the committed
+    history as a tuple: nothing a drafter does can write to it."""
 
     def __init__(self, drafter: Drafter | None, fallback: Drafter | None, config: GenerationConfig,
                  vocab_size: int, timeline: Timeline, core: int | None = None) -> None:
-        """core: run the drafter on this CPU core alone (CorePins), else wherever the OS puts it."""
+        """core: run the drafter on this CPU core alone (CorePins), else wherever the OS puts it (a bounded one
+        runs on the calling thread)."""
         self.config, self.vocab_size, self.timeline = config, vocab_size, timeline
         self.drafter, self.fallback, self.core = drafter, fallback, core
         self._fault: str | None = None
-        self._caller = _Caller(core, draft_control(drafter)) if drafter is not None else None
+        self._caller = _caller_for(drafter, core)
         self._start()
 
     @property
@@ -173,7 +175,7 @@ class DraftSource:
         self._fault = drop_message(self.drafter, exc)
         self.drafter, self.fallback = self.fallback, None
         self._caller.close()  # a stuck helper thread is left there; a new one serves the fallback
-        self._caller = _Caller(self.core, draft_control(self.drafter)) if self.drafter is not None else None
+        self._caller = _caller_for(self.drafter, self.core)
         self._start()
 
     def _start(self) -> None:
@@ -186,6 +188,35 @@ class DraftSource:
 
 def _nothing() -> None:
     pass
+
+
+def _caller_for(drafter: Drafter | None, core: int | None) -> _Caller | _Direct | None:
+    if drafter is None:
+        return None
+    return _Direct() if drafter.bounded else _Caller(core, draft_control(drafter))
+
+
+class _Direct:
+    """_Caller's contract on the calling thread, for a bounded drafter: a posted call that raises is reported
+    by the next call."""
+
+    def __init__(self) -> None:
+        self._posted_error: Exception | None = None
+
+    def post(self, fn, args: tuple) -> None:
+        if self._posted_error is None:
+            try:
+                fn(*args)
+            except Exception as exc:
+                self._posted_error = exc
+
+    def call(self, fn, args: tuple, timeout: float):
+        if self._posted_error is not None:
+            raise self._posted_error
+        return fn(*args)
+
+    def close(self) -> None:
+        pass
 
 
 class _Caller:

@@ -28,6 +28,7 @@ class ChainDrafter:
         self.name = "chain(" + ",".join(d.name for d in drafters) + ")"
         self._learners = [d.learner for d in drafters if d.learner is not None]
         self.learner = self if self._learners else None
+        self.bounded = all(d.bounded for d in drafters)
         self.expected: dict[tuple[int, int], float] = {}  # (drafter index, match length bucket) -> accepted
         self._served: tuple[int, int] | None = None
 

@@ -10,7 +10,7 @@ from mirrorsd.runtime.drafters.ngram import NGramDrafter
 from mirrorsd.runtime.drafters.retrieval import RetrievalDrafter
 
 
-DRAFTER_MEMBERS = ("name", "model", "learner", "start", "propose", "accepted")
+DRAFTER_MEMBERS = ("name", "model", "learner", "bounded", "start", "propose", "accepted")
 
 
 def make_drafter(spec: str | Drafter | None, target_tokenizer, target_name: str = "target", *,
@@ -33,7 +33,8 @@ def make_drafter(spec: str | Drafter | None, target_tokenizer, target_name: str 
             raise ConfigError(f"draft must be a spec string or a Drafter, got {type(spec).__name__} "
                               f"(it lacks {', '.join(missing)})",
                               "pass e.g. draft='ngram', a model name, or an object with the members of "
-                              "mirrorsd.Drafter: " + ", ".join(DRAFTER_MEMBERS) + " (model/learner may be None)")
+                              "mirrorsd.Drafter: " + ", ".join(DRAFTER_MEMBERS)
+                              + " (model/learner may be None; bounded False unless every call returns promptly)")
         return spec
     if spec == "ngram":
         return NGramDrafter()

@@ -30,6 +30,7 @@ class ModelDrafter:
     """A Drafter that is its own DraftModel, and ranks (reports its top candidates at each position)."""
 
     learner = None
+    bounded = False  # a model's pass on a device
 
     def __init__(self, lm: CausalLM, name: str | None = None) -> None:
         self.lm = lm

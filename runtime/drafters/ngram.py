@@ -22,6 +22,7 @@ class NGramDrafter:
     name = "ngram"
     model = None
     learner = None
+    bounded = True
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1, min_share: float = 0.2,
                  max_occurrences: int = 64) -> None:

@@ -18,6 +18,7 @@ from mirrorsd.runtime.drafters.continuation import draft_length_for_match
 class RetrievalDrafter:
     name = "retrieval"
     model = None
+    bounded = True  # lookups in memory-mapped arrays of a local datastore
 
     def __init__(self, datastore: Datastore, learn: bool = False, min_match: int = 2, max_match: int = 16,
                  min_share: float = 0.2) -> None:

@@ -21,10 +21,12 @@ def engine_with(drafter, target_model, tokenizer) -> Engine:
     return engine
 
 
-@pytest.mark.parametrize("how", FailingDrafter.FAULTS)
+@pytest.mark.parametrize("how,bounded", [(how, False) for how in FailingDrafter.FAULTS]
+                         + [(how, True) for how in FailingDrafter.FAULTS if how != "hang"])
 @pytest.mark.parametrize("mode", MODES)
-def test_a_faulty_drafter_is_dropped_and_greedy_output_is_unchanged(how, mode, target_model, tokenizer):
-    drafter = FailingDrafter(len(tokenizer), how, hang_s=2.0)
+def test_a_faulty_drafter_is_dropped_and_greedy_output_is_unchanged(how, bounded, mode, target_model, tokenizer):
+    """On a helper thread, and on the request's own thread where the drafter declares itself bounded."""
+    drafter = FailingDrafter(len(tokenizer), how, hang_s=2.0, bounded=bounded)
     cfg = GenerationConfig(max_new_tokens=20, num_draft_tokens=3, pipeline=mode, draft_timeout_s=0.5,
                            early_exit_layer=1)
     result = engine_with(drafter, target_model, tokenizer).generate(PROMPTS[2], cfg)
@@ -79,8 +81,8 @@ class GarbageDrafter:
     model = None
     learner = None
 
-    def __init__(self, vocab: int, seed: int) -> None:
-        self.vocab, self.rng = vocab, np.random.default_rng(seed)
+    def __init__(self, vocab: int, seed: int, bounded: bool = False) -> None:
+        self.vocab, self.rng, self.bounded = vocab, np.random.default_rng(seed), bounded
 
     def start(self, config) -> None:
         pass
@@ -108,10 +110,11 @@ class GarbageDrafter:
         return choices[int(r.integers(len(choices)))]()
 
 
+@pytest.mark.parametrize("bounded", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_random_garbage_from_a_drafter_never_changes_the_output(mode, target_model, tokenizer):
+def test_random_garbage_from_a_drafter_never_changes_the_output(mode, bounded, target_model, tokenizer):
     expected = hf_greedy(target_model, tokenizer, PROMPTS[0], 16)
     for seed in range(25):
-        engine = engine_with(GarbageDrafter(len(tokenizer), seed), target_model, tokenizer)
+        engine = engine_with(GarbageDrafter(len(tokenizer), seed, bounded), target_model, tokenizer)
         cfg = GenerationConfig(max_new_tokens=16, num_draft_tokens=4, pipeline=mode, draft_timeout_s=2.0)
         assert engine.generate(PROMPTS[0], cfg).token_ids == expected, seed

@@ -82,3 +82,24 @@ def test_a_pause_from_the_cost_model_is_probed_like_a_measured_loss_and_ignored_
     disabled = SpeculationGate(enabled=False)
     disabled.pause()
     assert disabled.should_draft()  # seeded sampling: the gate never switches
+
+
+def test_steps_whose_drafts_were_cut_to_nothing_count_as_drafting_for_the_gate():
+    """A model-free draft that its match class cuts to no tokens still cost its lookup: when such steps run
+    slower than plain ones, the policy's gate stops asking for drafts (no lookup at all)."""
+    from mirrorsd.config import GenerationConfig
+    from mirrorsd.contracts import Draft
+    from mirrorsd.runtime.decode.policy import StepPolicy
+
+    policy = StepPolicy(GenerationConfig(), curve=(1.0, 1.5, 1.7, 1.85, 2.2))
+    asked = 0
+    for _ in range(60):
+        if policy.draft_length(4) == 0:  # a plain step: 10 ms
+            policy.learn(0, 0, [99], 0.0, 0.010, 0.010, measured=True)
+            continue
+        asked += 1
+        draft = policy.fit(Draft([1, 2, 3, 4], None, "ngram", match=1))
+        # drafting took 1 ms; the first token is never the target's, so the class soon verifies nothing
+        policy.learn(len(draft.tokens), 0, [99], 0.001, 0.010 * (1 + 0.5 * bool(draft.tokens)), 0.011, measured=True)
+    assert policy.gate.drafted_rate < policy.gate.plain_rate
+    assert asked <= 20  # paused with growing backoff, probed now and then

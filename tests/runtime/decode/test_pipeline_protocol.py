@@ -26,6 +26,7 @@ class Continues:
     name = "continues"
     model = None
     learner = None
+    bounded = True
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []
