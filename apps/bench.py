@@ -1,8 +1,8 @@
 """`mirrorsd bench`: every configuration side by side on a prompt suite, in one run.
 
 Every configuration (apps/bench_configs.py) decodes the same prompts on the same model objects,
-interleaved (each repeat visits every configuration in turn, so drift in machine load hits all of
-them alike) and repeated (the median per prompt), so ratios are measured together, never typed in.
+interleaved (each repeat visits every configuration in turn, starting from a rotating one, so drift in
+machine load hits all of them alike) and repeated (the median per prompt), so ratios are measured together, never typed in.
 Greedy outputs are compared token by token with our target-only output of the same prompt; a
 mismatch marks the configuration FAILED. Sampled prompts (the creative category) are timed but
 not compared: sampling is lossless in distribution, which tests/test_engine_sampling.py checks.
@@ -214,20 +214,22 @@ def _measure(prompts, encoded, configs_run, runners, cells, opts, console, table
     with Live(Group(progress), console=console, refresh_per_second=4, transient=False) as live:
         for i, (p, ids) in enumerate(zip(prompts, encoded)):
             cfg = _gen_config(p, opts)
+            outputs = []
             for r in range(opts.repeats):
-                for c in configs_run:  # interleaved: each repeat visits every configuration
+                turn = (i * opts.repeats + r) % len(configs_run)  # who goes first rotates: no row always follows another
+                for c in configs_run[turn:] + configs_run[:turn]:  # interleaved: each repeat visits every configuration
                     what = f"{p.label} · {c.name} · repeat {r + 1}"
                     progress.update(task, description=what)
-                    cell = cells[c.name][i]
-                    out = _run_once(cell, runners[c.name], ids, cfg)
-                    against = c.greedy_reference
-                    if p.greedy and not (c.own_grammar and p.json_schema is not None) and against in cells:
-                        _judge(cell, out.tokens, cells[against][i].first.tokens)
+                    outputs.append((c, _run_once(cells[c.name][i], runners[c.name], ids, cfg)))
                     done += 1
                     eta = _eta(time.perf_counter() - start, done, total)
                     progress.update(task, advance=1, description=f"{what} · ETA {eta}")
                     if not console.is_terminal:  # a log gets a line per run instead of the live display
                         console.print(f"[{done}/{total}] {what} · ETA {eta}", markup=False, highlight=False)
+            for c, out in outputs:  # once every row has run the prompt: a reference may have gone after its rows
+                against = c.greedy_reference
+                if p.greedy and not (c.own_grammar and p.json_schema is not None) and against in cells:
+                    _judge(cells[c.name][i], out.tokens, cells[against][i].first.tokens)
             live.update(Group(table_so_far(i + 1), progress))
 
 
