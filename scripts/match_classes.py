@@ -3,12 +3,15 @@
 The target decodes the bench suite's greedy prompts (json-schema ones left out) once; each drafter then replays
 those answers (greedy speculative decoding commits exactly them: propose up to K, keep the matching prefix,
 advance) and every draft is counted under its (source, match length) class. Writes table.md into --out.
-With --ab, instead: each drafter decodes the prompts with and without the cut per match class (StepPolicy.fit),
-interleaved in one process, and ab.md gets per-category speedups over target-only decoding (medians of the
-repeats, seconds per generated token after the prompt).
+With --ab, instead: each drafter decodes the prompts as it is and with one choice undone (--variant: the cut per
+match class, StepPolicy.fit; the gate weighing every step that asked for a draft; bounded drafters on the request's
+thread), interleaved in one process, and ab.md (ab-VARIANT.md) gets per-category speedups over target-only decoding
+(medians of the repeats, seconds per generated token after the prompt).
 
     .venv/bin/python scripts/match_classes.py --model qwen2.5-coder-1.5b --out docs/match-classes/qwen2.5-coder-1.5b
     .venv/bin/python scripts/match_classes.py --model smollm2-135m --ab --repeats 3 --out docs/match-classes/smollm2-135m
+    .venv/bin/python scripts/match_classes.py --model qwen2.5-coder-1.5b --ab --variant "gate on verified drafts" \
+        --categories chat summarisation json --out docs/match-classes/qwen2.5-coder-1.5b
 """
 
 from __future__ import annotations
@@ -55,22 +58,43 @@ def replay(drafter, runs, k: int) -> dict[int, list[int]]:
     return counts
 
 
-def ab(engine: Engine, prompts, drafters: list[str], tokens: int, repeats: int) -> list[str]:
-    """Per-category speedup over target-only of each drafter with the cut per match class and without."""
+def without(variant: str):
+    """Undo one choice for a run: (the class that holds it, its member, the stand-in)."""
+    from mirrorsd.runtime.decode import step
     from mirrorsd.runtime.decode.policy import StepPolicy
 
-    fit = StepPolicy.fit
-    rows = ["none"] + [f"{d}{tag}" for d in drafters for tag in ("", " (uncut)")]
+    if variant == "uncut":  # every model-free draft verified as proposed
+        return StepPolicy, "fit", lambda self, draft, whole=False: draft
+    if variant == "gate on verified drafts":  # the gate counts a step as drafted only if it verified a draft
+        learn = StepPolicy.learn
+
+        def learn_verified(self, n_drafted, *args, **kwargs):
+            self._asked = n_drafted > 0
+            return learn(self, n_drafted, *args, **kwargs)
+        return StepPolicy, "learn", learn_verified
+    if variant == "helper thread":  # bounded drafters too run on a helper thread
+        return step, "_caller_for", lambda drafter, core: None if drafter is None else step._Caller(core)
+    raise ValueError(variant)
+
+
+VARIANTS = ("uncut", "gate on verified drafts", "helper thread")
+
+
+def ab(engine: Engine, prompts, drafters: list[str], tokens: int, repeats: int, variant: str = "uncut") -> list[str]:
+    """Per-category speedup over target-only of each drafter as it is and with one choice undone (`without`)."""
+    holder, member, stand_in = without(variant)
+    kept = holder.__dict__[member]
+    rows = ["none"] + [f"{d}{tag}" for d in drafters for tag in ("", f" ({variant})")]
     engines = {r: engine if r == "none" else engine.with_drafter(r.split()[0]) for r in rows}
 
     def run(row, prompt, n):
-        StepPolicy.fit = (lambda self, draft, whole=False: draft) if row.endswith("(uncut)") else fit
+        setattr(holder, member, stand_in if row.endswith(f"({variant})") else kept)
         try:
             engine.reset()
             return engines[row].generate(prompt.request, GenerationConfig(
                 max_new_tokens=n, temperature=prompt.temperature, top_p=prompt.top_p)).stats
         finally:
-            StepPolicy.fit = fit
+            setattr(holder, member, kept)
 
     for row in rows:  # warm up: the verify curve, first calls
         run(row, prompts[0], 8)
@@ -98,7 +122,10 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("-k", type=int, default=8, help="draft tokens asked for per step")
-    parser.add_argument("--ab", action="store_true", help="time decoding with and without the per-class cut")
+    parser.add_argument("--ab", action="store_true", help="time decoding as it is and with one choice undone")
+    parser.add_argument("--variant", choices=VARIANTS, default="uncut",
+                        help="--ab: the choice undone: the cut per match class; the gate weighing every step that asked "
+                             "for a draft; bounded drafters on the request's thread")
     parser.add_argument("--categories", nargs="*", help="only these categories (--ab)")
     parser.add_argument("--repeats", type=int, default=2, help="runs per prompt and configuration (--ab)")
     parser.add_argument("--out", required=True)
@@ -109,11 +136,15 @@ def main() -> None:
     if args.ab:
         prompts = [p for p in bundled_suite(args.per_category)
                    if p.json_schema is None and (not args.categories or p.category in args.categories)]
+        what = {"uncut": "every model-free draft verified as proposed",
+                "gate on verified drafts": "the gate counts a step as drafting only if it verified a draft",
+                "helper thread": "the drafter runs on a helper thread"}[args.variant]
         lines = [f"{args.model}: tok/s over target-only decoding, {len(prompts)} bench prompts, {args.max_new_tokens} "
-                 f"new tokens at most, medians of {args.repeats} interleaved runs in one process; (uncut): every "
-                 "model-free draft verified as proposed.", "", *ab(engine, prompts, ["ngram", "chain"],
-                                                                   args.max_new_tokens, args.repeats)]
-        (out / "ab.md").write_text("\n".join(lines) + "\n")
+                 f"new tokens at most, medians of {args.repeats} interleaved runs in one process; ({args.variant}): "
+                 f"{what}.", "", *ab(engine, prompts, ["ngram", "chain"], args.max_new_tokens, args.repeats,
+                                     args.variant)]
+        name = "ab.md" if args.variant == "uncut" else f"ab-{args.variant.replace(' ', '-')}.md"
+        (out / name).write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
         return
     runs = answers(engine, args.per_category, args.max_new_tokens)
