@@ -2,7 +2,8 @@
 
 Every configuration (apps/bench_configs.py) decodes the same prompts on the same model objects,
 interleaved (each repeat visits every configuration in turn, starting from a rotating one, so drift in
-machine load hits all of them alike) and repeated (the median per prompt), so ratios are measured together, never typed in.
+machine load hits all of them alike) and repeated (the median per prompt), so ratios are measured
+together, never typed in.
 Greedy outputs are compared token by token with our target-only output of the same prompt; a
 mismatch marks the configuration FAILED. Sampled prompts (the creative category) are timed but
 not compared: sampling is lossless in distribution, which tests/test_engine_sampling.py checks.

@@ -63,21 +63,24 @@ def without(variant: str):
     from mirrorsd.runtime.decode import step
     from mirrorsd.runtime.decode.policy import StepPolicy
 
-    if variant == "uncut":  # every model-free draft verified as proposed
+    if variant == "uncut":
         return StepPolicy, "fit", lambda self, draft, whole=False: draft
-    if variant == "gate on verified drafts":  # the gate counts a step as drafted only if it verified a draft
+    if variant == "gate on verified drafts":
         learn = StepPolicy.learn
 
         def learn_verified(self, n_drafted, *args, **kwargs):
             self._asked = n_drafted > 0
             return learn(self, n_drafted, *args, **kwargs)
         return StepPolicy, "learn", learn_verified
-    if variant == "helper thread":  # bounded drafters too run on a helper thread
+    if variant == "helper thread":
         return step, "_caller_for", lambda drafter, core: None if drafter is None else step._Caller(core)
     raise ValueError(variant)
 
 
-VARIANTS = ("uncut", "gate on verified drafts", "helper thread")
+VARIANTS = {"uncut": "every model-free draft verified as proposed",
+            "gate on verified drafts": "the gate counts a step as drafting only if it verified a draft",
+            "helper thread": "the drafter runs on a helper thread"}
+"""--ab --variant: the choice undone, and what the run does instead."""
 
 
 def ab(engine: Engine, prompts, drafters: list[str], tokens: int, repeats: int, variant: str = "uncut") -> list[str]:
@@ -124,8 +127,7 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=8, help="draft tokens asked for per step")
     parser.add_argument("--ab", action="store_true", help="time decoding as it is and with one choice undone")
     parser.add_argument("--variant", choices=VARIANTS, default="uncut",
-                        help="--ab: the choice undone: the cut per match class; the gate weighing every step that asked "
-                             "for a draft; bounded drafters on the request's thread")
+                        help="--ab: the choice undone; " + "; ".join(f"{k}: {v}" for k, v in VARIANTS.items()))
     parser.add_argument("--categories", nargs="*", help="only these categories (--ab)")
     parser.add_argument("--repeats", type=int, default=2, help="runs per prompt and configuration (--ab)")
     parser.add_argument("--out", required=True)
@@ -136,12 +138,9 @@ def main() -> None:
     if args.ab:
         prompts = [p for p in bundled_suite(args.per_category)
                    if p.json_schema is None and (not args.categories or p.category in args.categories)]
-        what = {"uncut": "every model-free draft verified as proposed",
-                "gate on verified drafts": "the gate counts a step as drafting only if it verified a draft",
-                "helper thread": "the drafter runs on a helper thread"}[args.variant]
         lines = [f"{args.model}: tok/s over target-only decoding, {len(prompts)} bench prompts, {args.max_new_tokens} "
                  f"new tokens at most, medians of {args.repeats} interleaved runs in one process; ({args.variant}): "
-                 f"{what}.", "", *ab(engine, prompts, ["ngram", "chain"], args.max_new_tokens, args.repeats,
+                 f"{VARIANTS[args.variant]}.", "", *ab(engine, prompts, ["ngram", "chain"], args.max_new_tokens, args.repeats,
                                      args.variant)]
         name = "ab.md" if args.variant == "uncut" else f"ab-{args.variant.replace(' ', '-')}.md"
         (out / name).write_text("\n".join(lines) + "\n")
