@@ -216,21 +216,24 @@ def _measure(prompts, encoded, configs_run, runners, cells, opts, console, table
         for i, (p, ids) in enumerate(zip(prompts, encoded)):
             cfg = _gen_config(p, opts)
             outputs = []
-            for r in range(opts.repeats):
-                turn = (i * opts.repeats + r) % len(configs_run)  # who goes first rotates: no row always follows another
-                for c in configs_run[turn:] + configs_run[:turn]:  # interleaved: each repeat visits every configuration
-                    what = f"{p.label} · {c.name} · repeat {r + 1}"
-                    progress.update(task, description=what)
-                    outputs.append((c, _run_once(cells[c.name][i], runners[c.name], ids, cfg)))
-                    done += 1
-                    eta = _eta(time.perf_counter() - start, done, total)
-                    progress.update(task, advance=1, description=f"{what} · ETA {eta}")
-                    if not console.is_terminal:  # a log gets a line per run instead of the live display
-                        console.print(f"[{done}/{total}] {what} · ETA {eta}", markup=False, highlight=False)
-            for c, out in outputs:  # once every row has run the prompt: a reference may have gone after its rows
-                against = c.greedy_reference
-                if p.greedy and not (c.own_grammar and p.json_schema is not None) and against in cells:
-                    _judge(cells[c.name][i], out.tokens, cells[against][i].first.tokens)
+            try:
+                for r in range(opts.repeats):
+                    turn = (i * opts.repeats + r) % len(configs_run)  # rotates: no row always follows another
+                    for c in configs_run[turn:] + configs_run[:turn]:  # interleaved: every row, each repeat
+                        what = f"{p.label} · {c.name} · repeat {r + 1}"
+                        progress.update(task, description=what)
+                        outputs.append((c, _run_once(cells[c.name][i], runners[c.name], ids, cfg)))
+                        done += 1
+                        eta = _eta(time.perf_counter() - start, done, total)
+                        progress.update(task, advance=1, description=f"{what} · ETA {eta}")
+                        if not console.is_terminal:  # a log gets a line per run instead of the live display
+                            console.print(f"[{done}/{total}] {what} · ETA {eta}", markup=False, highlight=False)
+            finally:  # on Ctrl-C too: a prompt every row has finished is judged before the partial report
+                for c, out in outputs:  # after the prompt's runs: a reference may have gone after its rows
+                    against = c.greedy_reference
+                    if (p.greedy and not (c.own_grammar and p.json_schema is not None) and against in cells
+                            and cells[against][i].first is not None):
+                        _judge(cells[c.name][i], out.tokens, cells[against][i].first.tokens)
             live.update(Group(table_so_far(i + 1), progress))
 
 
