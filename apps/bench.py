@@ -39,6 +39,8 @@ class Cell:
     """One configuration on one prompt."""
 
     seconds: list[float] = field(default_factory=list)  # one per repeat
+    tokens: list[int] = field(default_factory=list)  # tokens generated, one per repeat (sampled runs differ)
+    decode_seconds: list[float] = field(default_factory=list)  # from the first token to the last, one per repeat
     first: Output | None = None  # the first repeat's output (tokens, stats, timings)
     equal: bool | None = None  # greedy prompts: all repeats token-equal to the reference
     cached_prompt_tokens: int = 0  # prompt tokens our runs found in a KV cache (0: every run prefilled cold)
@@ -101,7 +103,7 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
                 draft_lm(torch.tensor([[0, 1, 2]], device=device))  # touch the lazily loaded weights
             check_tokenizers_match(engine.tokenizer, draft_tokenizer, opts.target, opts.draft_model)
     if pins is not None and engine is not None:
-        engine.pin_cores = pins  # every row on the torch target runs pinned (with_drafter keeps it)
+        engine.placement = pins.placement()  # every row on the torch target runs pinned (with_drafter keeps it)
     ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model, datastore, opts.draft_export,
                        opts.verifier_export, memory, draft_threads=1 if pins else None)
     prompts = load_workload(opts.prompts_file) if opts.prompts_file else bundled_suite(opts.per_category)
@@ -241,6 +243,8 @@ def _run_once(cell: Cell, runner, ids, cfg) -> Output:
     t0 = time.perf_counter()
     out = runner(ids, cfg)
     cell.seconds.append(time.perf_counter() - t0)
+    cell.tokens.append(len(out.tokens))
+    cell.decode_seconds.append(out.token_times[-1] - out.token_times[0] if len(out.token_times) > 1 else 0.0)
     cell.cached_prompt_tokens += out.stats.cached_prompt_tokens if out.stats is not None else 0
     if cell.first is None:
         cell.first = out
@@ -267,9 +271,29 @@ def _choose(chosen: list[BenchConfig], opts: BenchOptions) -> list[BenchConfig]:
 
 
 def _tps(cells_row: list[Cell], idx: list[int]) -> float | None:
-    tokens = sum(len(cells_row[i].first.tokens) for i in idx)
+    """Tokens per second over the prompts idx: the sum of each prompt's median tokens over the sum of its median
+    seconds."""
+    tokens = sum(statistics.median(cells_row[i].tokens) for i in idx)
     seconds = sum(statistics.median(cells_row[i].seconds) for i in idx)
     return tokens / seconds if seconds > 0 and idx else None
+
+
+def _decode_speedup(row_cells: list[Cell], ref_cells: list[Cell], idx: list[int]) -> float | None:
+    """The row's decode rate (tokens after the first over the time after the first: the prompt's prefill, the
+    same work in every row, left out) over its reference's in the same repeat, a pair of runs close in time (the
+    machine's speed drifts more between repeats than within one); per prompt the median over repeats, over
+    the prompts idx their geometric mean."""
+    def rate(cell: Cell, r: int) -> float | None:
+        return (cell.tokens[r] - 1) / cell.decode_seconds[r] if cell.decode_seconds[r] > 0 else None
+
+    per_prompt = []
+    for i in idx:
+        pairs = [(rate(row_cells[i], r), rate(ref_cells[i], r))
+                 for r in range(min(len(row_cells[i].tokens), len(ref_cells[i].tokens)))]
+        ratios = [a / b for a, b in pairs if a and b]
+        if ratios:
+            per_prompt.append(statistics.median(ratios))
+    return round(statistics.geometric_mean(per_prompt), 3) if per_prompt else None
 
 
 def _sum_stats(outs: list[Output]):
@@ -340,8 +364,10 @@ def _rows(ctx, prompts, configs_run, cells) -> tuple[list[str], list[dict]]:
         row = {
             "configuration": c.name, "ours": c.ours, "peer_of": c.peer_of, "reference": c.reference,
             "tokens_per_second": round(tps, 3), "speedup_vs_target_only": round(tps / _tps(ref_cells, all_idx), 3),
+            "decode_speedup_vs_target_only": _decode_speedup(row_cells, ref_cells, all_idx),
             "by_category": {cat: {"tokens_per_second": round(_tps(row_cells, idx), 3),
-                                  "speedup_vs_target_only": round(_tps(row_cells, idx) / _tps(ref_cells, idx), 3)}
+                                  "speedup_vs_target_only": round(_tps(row_cells, idx) / _tps(ref_cells, idx), 3),
+                                  "decode_speedup_vs_target_only": _decode_speedup(row_cells, ref_cells, idx)}
                             for cat, idx in by_cat.items()},
             "greedy_equal_to_target_only": all(equal) if equal else None,
             "greedy_checked_against": c.greedy_reference,
@@ -375,7 +401,9 @@ def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -
                      "pin_devices": opts.pin_devices,
                      "pinning": ("separate compute, simulated: the verify side on one core and the draft side on "
                                  "another, one compute thread each, in every mode") if opts.pin_devices else None,
-                     "statistic": "median over repeats per prompt; tok/s = sum of tokens / sum of median seconds"},
+                     "statistic": "median over repeats per prompt of tokens and of seconds; tok/s = sum of tokens / "
+                                  "sum of seconds; decode speedups: per prompt the median over repeats of the ratio "
+                                  "to the reference's run in the same repeat, geometric mean over prompts"},
         "machine": machine_info(),
         "models": _models(ctx, opts),
         "versions": versions(),
@@ -537,6 +565,7 @@ def markdown(report: dict) -> str:
     for r in failed:
         lines += ["", f"FAILED: {r['configuration']} differs from {r.get('greedy_checked_against') or 'target-only'} "
                       f"on {', '.join(r['mismatched_prompts'])}."]
+    lines += _decode_table(report)
     if report["ours_vs_peers"]:
         lines += ["", "| ours | peer on the same model | ours / peer |", "|---|---|---|"]
         lines += [f"| {c['ours']} | {c['peer']} | {c['ratio']:.2f}x |" for c in report["ours_vs_peers"]]
@@ -548,6 +577,21 @@ def markdown(report: dict) -> str:
     if report.get("plots"):
         lines += [""] + [f"![{Path(p).stem}]({Path(p).name})" for p in report["plots"]]
     return "\n".join(lines) + "\n"
+
+
+def _decode_table(report: dict) -> list[str]:
+    """The speedups again with the prompt's prefill left out (reports from before this column have none)."""
+    rows, cats = report["rows"], report["categories"]
+    if not all("decode_speedup_vs_target_only" in r for r in rows):
+        return []
+    cell = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
+    return ["", "Decode only: tokens after the first over the time after the first (the prompt's prefill, the same "
+            "work in every row, left out: what drafting and the gate change), over the reference's run in the same "
+            "repeat; per prompt the median over repeats, per category the geometric mean over its prompts.", "",
+            "| configuration | all | " + " | ".join(cats) + " |", "|---|---|" + "---|" * len(cats),
+            *(f"| {r['configuration']} | {cell(r['decode_speedup_vs_target_only'])} | "
+              + " | ".join(cell(r["by_category"][c]["decode_speedup_vs_target_only"]) for c in cats) + " |"
+              for r in rows)]
 
 
 ALTERNATIVE_MARGIN = 1.05  # a category's fastest row is named beside the verdict when it beats the winner by this

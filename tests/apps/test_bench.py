@@ -10,7 +10,7 @@ import pytest
 
 from conftest import make_model
 from mirrorsd import Engine
-from mirrorsd.apps.bench import QUICK, BenchOptions, machine_busy, run_bench, to_fetch, verdict
+from mirrorsd.apps.bench import QUICK, BenchOptions, Cell, _decode_speedup, _tps, machine_busy, run_bench, to_fetch, verdict
 from mirrorsd.apps.bench_configs import CONFIGS, ONNX_TARGET_ONLY, TARGET_ONLY, BenchConfig, ours
 from mirrorsd.apps.prompt_suite import CATEGORIES, bundled_suite, load_workload
 from mirrorsd.errors import PromptError
@@ -69,6 +69,8 @@ def test_every_configuration_runs_and_greedy_outputs_match(bench_report):
     ngram = next(r for r in report["rows"] if r["configuration"] == "n-gram (ours)")
     assert ngram["per_position_acceptance"] and 0 <= ngram["acceptance_rate"] <= 1
     assert report["rows"][0]["speedup_vs_target_only"] == 1.0
+    assert report["rows"][0]["decode_speedup_vs_target_only"] == 1.0
+    assert all(r["by_category"][c]["decode_speedup_vs_target_only"] > 0 for r in report["rows"] for c in CATEGORIES)
     creative = [p for p in report["prompts"] if p["category"] == "creative"]
     assert creative and all(p["temperature"] > 0 and not p["greedy_checked"] for p in creative)
 
@@ -120,6 +122,17 @@ def test_report_files_are_well_formed(bench_report):
     fastest = max(exact, key=lambda r: r["tokens_per_second"])
     assert report["verdict"].startswith(f"Use {fastest['configuration']}: ") and BROKEN not in report["verdict"]
     assert f"**{report['verdict']}**" in md
+
+
+def test_rates_count_each_repeats_own_tokens_and_decode_speedups_pair_runs_of_one_repeat():
+    # a sampled prompt: the repeats stopped at different lengths; the first repeat's count must not stand for all
+    cell = Cell(seconds=[2.0, 4.0, 4.0], tokens=[10, 40, 40], decode_seconds=[1.0, 3.0, 3.0])
+    assert _tps([cell], [0]) == 40 / 4.0
+    # the machine ran slow in the second repeat, for both rows: paired, the row is 1.5x in every repeat
+    ref = Cell(seconds=[3.0, 6.0, 3.0], tokens=[31, 61, 31], decode_seconds=[3.0, 6.0, 3.0])
+    row = Cell(seconds=[2.0, 4.0, 2.0], tokens=[31, 61, 31], decode_seconds=[2.0, 4.0, 2.0])
+    assert _decode_speedup([row], [ref], [0]) == 1.5
+    assert _decode_speedup([row, cell], [ref, ref], [0, 1]) == round((1.5 * 1.3) ** 0.5, 3)  # medians 1.5, 1.3
 
 
 def row(name, tps, by_cat, ours=True, equal=True):
