@@ -25,7 +25,7 @@ from mirrorsd.errors import (
 _SOURCES = {
     "mirrorsd.engine": ("Engine",), "mirrorsd.rejection": ("verify",),
     "mirrorsd.contracts": ("CausalLM", "Draft", "Drafter", "DraftModel", "Learner", "Ranking", "Step", "Verifier"),
-    "mirrorsd.results": ("FinishEvent", "GenerationResult", "GenerationStats", "TokenEvent"),
+    "mirrorsd.results": ("FinishEvent", "GenerationResult", "GenerationStats", "StepStats", "TokenEvent"),
 }
 __getattr__ = lazy_names(globals(), _SOURCES)
 
@@ -35,5 +35,5 @@ __all__ = [
     "CausalLM", "DraftModel", "Learner", "Ranking", "SamplingParams", "SpeculativeConfig", "Step",
     "CatalogError", "ChecksumError", "ConfigError", "DatastoreError", "Draft", "EngineBusyError", "EngineClosedError", "Drafter", "Engine", "FinishEvent",
     "GenerationConfig", "GenerationResult", "GenerationStats", "MirrorsdError", "ModelNotFoundError",
-    "PromptError", "RollbackUnsupportedError", "TokenEvent", "TokenizerMismatchError", "Verifier", "verify",
+    "PromptError", "RollbackUnsupportedError", "StepStats", "TokenEvent", "TokenizerMismatchError", "Verifier", "verify",
 ]

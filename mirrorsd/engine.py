@@ -16,7 +16,7 @@ from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import CausalLM, Drafter, TokenLogprob
 from mirrorsd.tools import check_tools, messages_for_template, template_takes_tools
 from mirrorsd.errors import ConfigError, EngineBusyError, EngineClosedError, PromptError
-from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, TokenEvent
+from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder, StepStats, TokenEvent
 from mirrorsd.text_stream import StreamingText
 from mirrorsd.runtime.backends import eos_ids as eos_ids_of
 from mirrorsd.runtime.backends import load_lm
@@ -26,7 +26,7 @@ from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs, calibrate
 from mirrorsd.runtime.decode.schedule import uses_cost_schedule
 from mirrorsd.runtime.decode.plan import DecodePlan, make_plan, run_plan
 from mirrorsd.runtime.decode.step import StepCore
-from mirrorsd.runtime.decode.threads import CorePins, cpu_draft_threads, overlap_threads, pinned
+from mirrorsd.runtime.decode.threads import Placement, cpu_draft_threads, overlap_threads, pinned
 from mirrorsd.runtime.drafters.chain import ChainDrafter
 from mirrorsd.runtime.drafters.factory import fallback_for, make_drafter
 from mirrorsd.runtime.timeline import Timeline
@@ -100,9 +100,10 @@ class Engine:
     `drafter` fails mid-request. None: plain decoding takes over.
     eos_ids: token ids that end a reply (default: the tokenizer's EOS, and a transformers model's own)."""
 
-    pin_cores: CorePins | None = None
-    """Separate compute simulated on one CPU (Linux): the verify side on one core, the draft side on another,
-    one compute thread each, in every pipeline mode (`mirrorsd bench --pin-devices`). None: no pinning."""
+    placement = Placement()
+    """Where the two sides compute on the CPU (runtime/decode/threads.py). Default: cores shared. A benchmark's
+    separate compute, simulated on one CPU (Linux; `mirrorsd bench --pin-devices`), pins the verify side to
+    one core and the draft side to another, one compute thread each, in every pipeline mode."""
 
     allow_control_tokens = False
     """False (default): control-token text inside a chat message stays plain text (a client cannot forge a
@@ -181,7 +182,7 @@ class Engine:
         other = Engine(self.verifier, self.tokenizer, drafter, name=self.name,
                        fallback=fallback_for(drafter) if fallback == "auto" else fallback, eos_ids=self.eos_ids)
         other._lock = self._lock  # one request at a time on the shared target
-        other.grammars, other.pin_cores, other.calibrations = self.grammars, self.pin_cores, self.calibrations
+        other.grammars, other.placement, other.calibrations = self.grammars, self.placement, self.calibrations
         return other
 
     # -- requests ---------------------------------------------------------------------------------
@@ -248,7 +249,7 @@ class Engine:
         if settings:
             cfg = with_settings(cfg, settings)
         ids = self.encode(prompt)
-        self.pipeline_mode(cfg)  # a bad early_exit_layer is reported now, not mid-stream
+        self.prepare(cfg)  # measured before the request, not in it; a bad early_exit_layer is reported now
         if trace:
             check_writable(trace)  # now, not after the whole generation
         return self._run(ids, cfg, trace, self.constraint(cfg))
@@ -270,7 +271,38 @@ class Engine:
         if mode == "auto":
             mode = (calibration(cfg.num_draft_tokens).mode
                     if self.drafter is not None and self.drafter.model is not None else "sequential")
-        return make_plan(self.verifier, self.drafter, cfg, mode, self.pin_cores)
+        return make_plan(self.verifier, self.drafter, cfg, mode, self.placement)
+
+    def prepare(self, config: GenerationConfig | None = None) -> None:
+        """Measure what speculation with `config` needs on this placement, between requests: the target's
+        verify-cost curve (the K schedule's costs) and, with a draft model and pipeline "auto", the mode's
+        calibration. Once per placement, and kept across processes for models loaded by name; `stream` calls it
+        before a request starts (a first request waits for it, but its time and stats hold none of it); call it
+        after loading to pay it up front. ConfigError for a config this engine cannot plan."""
+        cfg = config or GenerationConfig()
+        with self._lock, pinned(self.placement.verify_core, self.verifier.threads):  # as the requests will run
+            self._plan(cfg, self._calibration)
+            if self.drafter is not None and uses_cost_schedule(cfg):
+                self._verify_curve(cfg.max_draft_tokens)
+
+    def _verify_curve(self, max_k: int) -> None:
+        if verify_curve.covers(verify_curve.known(self.verifier), max_k):
+            return
+        kept = self._store_key("verify curve")
+        curve = None if kept is None else self.calibration_store.get_curve(kept)
+        if not verify_curve.covers(curve, max_k):
+            curve = verify_curve.measure(self.verifier, min(max_k, verify_curve.MAX_K))
+            if kept is not None:
+                self.calibration_store.put_curve(kept, curve)
+        verify_curve.remember(self.verifier, curve)
+
+    def _store_key(self, what: int | str) -> str | None:
+        """The key under which calibration_store keeps `what` for these models here (None: not kept)."""
+        if self.calibration_store is None or self.calibration_id is None:
+            return None
+        from mirrorsd.devices import machine_id
+
+        return CalibrationStore.key(self.calibration_id, self.placement, what, machine_id())
 
     def calibration(self, k: int) -> Costs:
         """Measured costs of this draft model beside this target on this placement: kept per engine, and for
@@ -280,17 +312,13 @@ class Engine:
 
     def _calibration(self, k: int) -> Costs:
         """calibration, for a caller that holds the request lock."""
-        key = (id(self.drafter), self.pin_cores, max(1, k))
+        key = (id(self.drafter), self.placement, max(1, k))
         if key not in self.calibrations:
-            kept = None
-            if self.calibration_store is not None and self.calibration_id is not None:
-                from mirrorsd.devices import machine_id
-
-                kept = CalibrationStore.key(self.calibration_id, self.pin_cores, key[2], machine_id())
+            kept = self._store_key(key[2])
             costs = None if kept is None else self.calibration_store.get(kept)
             if costs is None:
-                threads = None if self.pin_cores else overlap_threads(self.verifier, self.drafter)
-                costs = calibrate(self.verifier, self.drafter.model, key[2], self.pin_cores, threads)
+                threads = None if self.placement.pinned else overlap_threads(self.verifier, self.drafter)
+                costs = calibrate(self.verifier, self.drafter.model, key[2], self.placement, threads)
                 if kept is not None:
                     self.calibration_store.put(kept, costs)
             self.calibrations[key] = costs
@@ -299,13 +327,10 @@ class Engine:
 
     def _run(self, ids: list[int], cfg: GenerationConfig, trace: str | None,
              constraint: GrammarConstraint | None) -> Iterator[Event]:
-        verify_core = self.pin_cores.verify if self.pin_cores else None
-        with self._lock, pinned(verify_core, self.verifier.threads):  # pinned: the verify side is this thread
+        with self._lock, pinned(self.placement.verify_core, self.verifier.threads):  # pinned: the verify side is this thread
             self._check_open()
             start = time.perf_counter()
-            plan = self._plan(cfg, self._calibration)
-            if self.drafter is not None and uses_cost_schedule(cfg):
-                verify_curve.ensure(self.verifier, cfg.max_draft_tokens)  # once per verifier: the K schedule's costs
+            plan = self._plan(cfg, self._calibration)  # calibrated by prepare, before the request
             timeline = Timeline()
             recorder = self._recorder(ids, plan, timeline)
             reply = _Reply(self.tokenizer, cfg, self.eos_ids)
@@ -412,14 +437,15 @@ class _Reply:
         return step.tokens
 
     def events(self, step, kept: list[int], index: int, stats) -> Iterator[TokenEvent]:
+        delta = StepStats(step.n_drafted, step.n_accepted, len(kept), step.source, step.draft_time, step.verify_time)
         for j, token in enumerate(kept):
             self.tokens.append(token)
             self.from_draft.append(j < step.n_accepted)
             logprob = None if step.logprobs is None else step.logprobs[j]
             if self.logprobs is not None:
                 self.logprobs.append(logprob)
-            delta, stopped = self.text.push(token)
-            yield TokenEvent(token, delta, j < step.n_accepted, index, stats, logprob)
+            piece, stopped = self.text.push(token)
+            yield TokenEvent(token, piece, j < step.n_accepted, index, stats, logprob, delta)
             if stopped:
                 self.finish = "stop"
                 return

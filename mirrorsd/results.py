@@ -262,6 +262,19 @@ class TokenEvent:
     step: int  # index of the verify step that committed it
     stats: GenerationStats  # running statistics after that step
     logprob: TokenLogprob | None = None  # the target's, when the request asked for logprobs
+    step_stats: StepStats | None = None  # what that step alone did (shared by the tokens it committed)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One verify step's share of the statistics: what `TokenEvent.stats` grew by with that step."""
+
+    drafted: int  # draft tokens verified
+    accepted: int  # of those, accepted
+    committed: int  # tokens committed: the accepted ones + the correction or bonus token (up to an EOS)
+    source: str  # the drafter that served the step ("none": a plain step)
+    draft_s: float  # seconds the step waited for its draft
+    verify_s: float  # seconds in the verify pass
 
 
 @dataclass(frozen=True)

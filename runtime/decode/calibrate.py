@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from mirrorsd.contracts import CausalLM, DraftModel
-from mirrorsd.runtime.decode.threads import CorePins, pinned
+from mirrorsd.runtime.decode.threads import Placement, pinned
 
 log = logging.getLogger("mirrorsd")
 
@@ -72,13 +72,13 @@ class Costs:
                 "mode": self.mode}
 
 
-def calibrate(verifier: CausalLM, drafter: DraftModel, k: int, pins: CorePins | None = None,
+def calibrate(verifier: CausalLM, drafter: DraftModel, k: int, placement: Placement = Placement(),
               threads: tuple[int, int] | None = None) -> Costs:
-    """Measure `Costs` with the request's placement: pins (separate cores), or threads (verify, draft) the
+    """Measure `Costs` with the request's placement: pinned (separate cores), or threads (verify, draft) the
     pipeline would give each side of a shared CPU. Both models' caches are reset afterwards."""
     draft_lm, token = drafter.lm, min(100, verifier.vocab_size - 1, drafter.lm.vocab_size - 1)
     context, draft = [token] * CONTEXT_TOKENS, [token] * k
-    verify_core, draft_core = (pins.verify, pins.draft) if pins else (None, None)
+    verify_core, draft_core = placement.verify_core, placement.draft_core
     try:
         with pinned(verify_core, verifier.threads):
             verifier.score(context, [])  # prefill: the passes below score the draft only
@@ -138,7 +138,8 @@ def _side_by_side(verifier: CausalLM, draft_lm: CausalLM, context: list[int], dr
 
 class CalibrationStore:
     """Calibrations kept across processes: a JSON object in `path` mapping a key (the models as loaded, the
-    placement, K, the machine and mirrorsd's version: see `key`) to `Costs`. Writes hold a file lock and
+    placement, K, the machine and mirrorsd's version: see `key`) to `Costs`, or to the target's verify-cost
+    curve (runtime/decode/verify_curve.py). Writes hold a file lock and
     replace the file atomically, so concurrent processes never interleave. A file that cannot be read (or an
     entry that is not a calibration) is treated as absent: the calibration runs again and the file is
     rewritten. Delete the file to recalibrate."""
@@ -147,12 +148,13 @@ class CalibrationStore:
         self.path = Path(path)
 
     @staticmethod
-    def key(models: str, pins: CorePins | None, k: int, machine: str) -> str:
-        """models: the models as loaded; machine: what else the costs depend on (devices.machine_id())."""
+    def key(models: str, placement: Placement, k: int | str, machine: str) -> str:
+        """models: the models as loaded; k: the draft length measured (or "verify curve"); machine: what else the
+        costs depend on (devices.machine_id())."""
         from mirrorsd import __version__
 
-        placement = f"verify on core {pins.verify}, draft on core {pins.draft}" if pins else "cores shared"
-        return " | ".join((models, placement, f"K={k}", machine, f"mirrorsd {__version__}"))
+        what = f"K={k}" if isinstance(k, int) else k
+        return " | ".join((models, placement.describe(), what, machine, f"mirrorsd {__version__}"))
 
     def get(self, key: str) -> Costs | None:
         try:
@@ -161,13 +163,27 @@ class CalibrationStore:
             return None
 
     def put(self, key: str, costs: Costs) -> None:
+        self._put(key, {f.name: getattr(costs, f.name) for f in fields(Costs)})
+
+    def get_curve(self, key: str) -> tuple[float, ...] | None:
+        """A verify-cost curve (runtime/decode/verify_curve.py) kept under key: 1.0 at K = 0, every cost positive."""
+        curve = self._read().get(key)
+        if (isinstance(curve, list) and curve and curve[0] == 1.0
+                and all(isinstance(c, (int, float)) and not isinstance(c, bool) and 0 < c < float("inf") for c in curve)):
+            return tuple(float(c) for c in curve)
+        return None
+
+    def put_curve(self, key: str, curve: tuple[float, ...]) -> None:
+        self._put(key, list(curve))
+
+    def _put(self, key: str, value) -> None:
         from filelock import FileLock
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with FileLock(str(self.path) + ".lock"):
                 entries = self._read()
-                entries[key] = {f.name: getattr(costs, f.name) for f in fields(Costs)}
+                entries[key] = value
                 tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
                 tmp.write_text(json.dumps(entries, indent=1))
                 os.replace(tmp, self.path)

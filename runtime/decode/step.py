@@ -125,8 +125,8 @@ class DraftSource:
 
     def __init__(self, drafter: Drafter | None, fallback: Drafter | None, config: GenerationConfig,
                  vocab_size: int, timeline: Timeline, core: int | None = None) -> None:
-        """core: run the drafter on this CPU core alone (CorePins), else wherever the OS puts it (a bounded one
-        runs on the calling thread)."""
+        """core: run the drafter on this CPU core alone (a pinned Placement), else wherever the OS puts it (a
+        bounded one runs on the calling thread)."""
         self.config, self.vocab_size, self.timeline = config, vocab_size, timeline
         self.drafter, self.fallback, self.core = drafter, fallback, core
         self._fault: str | None = None

@@ -30,6 +30,25 @@ def leave_signals_to_the_main_thread() -> None:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where a request's two sides compute on the CPU. By default (no cores) wherever the OS puts them, the
+    threads split by `overlap_threads` where both compute on the CPU; with cores (a benchmark's separate
+    compute, built from CorePins) the verify side (the request's thread) on `verify_core` and the draft side
+    on `draft_core`, one compute thread each."""
+
+    verify_core: int | None = None
+    draft_core: int | None = None
+
+    @property
+    def pinned(self) -> bool:
+        return self.draft_core is not None
+
+    def describe(self) -> str:
+        return (f"verify on core {self.verify_core}, draft on core {self.draft_core}" if self.pinned
+                else "cores shared")
+
+
+@dataclass(frozen=True)
 class CorePins:
     """Separate compute, simulated on one CPU: the verify side (the request's thread) runs on core `verify`,
     the draft side (the drafter's helper thread, or the pipeline's draft worker) on core `draft`, one compute
@@ -54,6 +73,9 @@ class CorePins:
         """The verify side on the first usable core, the draft side on the second."""
         usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         return cls(*(usable + [-1, -1])[:2])  # too few cores: __post_init__ says so
+
+    def placement(self) -> Placement:
+        return Placement(self.verify, self.draft)
 
 
 @contextmanager

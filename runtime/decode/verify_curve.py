@@ -45,13 +45,23 @@ def ensure(lm: CausalLM, max_k: int) -> tuple[float, ...]:
     resets the cache)."""
     max_k = min(max_k, MAX_K)
     curve = known(lm)
-    if curve is None or len(curve) <= max_k:
+    if not covers(curve, max_k):
         curve = measure(lm, max_k)
-        try:
-            _curves[lm] = curve
-        except TypeError:  # not weak-referenceable: measured for this request only
-            pass
+        remember(lm, curve)
     return curve
+
+
+def covers(curve: tuple[float, ...] | None, max_k: int) -> bool:
+    """Whether a curve reaches max_k drafted tokens (as far as they are measured)."""
+    return curve is not None and len(curve) > min(max_k, MAX_K)
+
+
+def remember(lm: CausalLM, curve: tuple[float, ...]) -> None:
+    """Keep a curve for this verifier (measured here, or read back from a CalibrationStore)."""
+    try:
+        _curves[lm] = tuple(curve)
+    except TypeError:  # not weak-referenceable: no curve kept
+        pass
 
 
 def known(lm: CausalLM) -> tuple[float, ...] | None:

@@ -106,6 +106,14 @@ def test_stream_events_carry_text_provenance_and_stats(target_model, tokenizer):
     assert any(e.from_draft for e in tokens)  # a self-draft: most tokens came from the draft
     assert not tokens[0].from_draft or tokens[0].step == 0
     assert tokens[-1].stats.verify_steps == finish.stats.verify_steps
+    # each step's own share: summed over the steps, the totals; the step's tokens share one StepStats
+    steps = {e.step: e.step_stats for e in tokens}
+    assert all(e.step_stats is steps[e.step] for e in tokens)
+    assert sum(s.committed for s in steps.values()) == 20
+    assert sum(s.accepted for s in steps.values()) == finish.stats.accepted_tokens == sum(map(bool, finish.result.from_draft))
+    assert sum(s.drafted for s in steps.values()) == finish.stats.drafted_tokens
+    assert {s.source for s in steps.values() if s.drafted} == set(finish.stats.drafter_tokens)
+    assert all(s.verify_s > 0 and s.accepted <= s.drafted for s in steps.values())
 
 
 def test_stop_string_ends_generation_without_the_stop_text(target_model, tokenizer):

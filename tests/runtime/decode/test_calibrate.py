@@ -11,7 +11,7 @@ from mirrorsd import Engine
 from mirrorsd.devices import machine_id
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs
-from mirrorsd.runtime.decode.threads import CorePins
+from mirrorsd.runtime.decode.threads import CorePins, Placement
 from mirrorsd.runtime.drafters import ModelDrafter
 
 
@@ -37,7 +37,7 @@ def test_a_calibration_is_measured_once_and_reused_by_a_later_engine(cache, tiny
     other_k = later.calibration(3)  # another K is another calibration
     assert other_k.k == 3 and len(json.loads(cache.read_text())) == 2
     if len(os.sched_getaffinity(0)) >= 2:
-        later.pin_cores = CorePins.first_two()
+        later.placement = CorePins.first_two().placement()
         assert later.calibration(4) != costs  # another placement: measured afresh, kept under its own key
         assert len(json.loads(cache.read_text())) == 3
     later.close()
@@ -49,13 +49,13 @@ def test_an_unreadable_store_is_measured_afresh_and_rewritten(cache, tiny_folder
     engine = load(tiny_folder)
     costs = engine.calibration(4)
     entries = json.loads(cache.read_text())
-    assert Costs.from_dict(entries[CalibrationStore.key(engine.calibration_id, None, 4, machine_id())]) == costs
+    assert Costs.from_dict(entries[CalibrationStore.key(engine.calibration_id, Placement(), 4, machine_id())]) == costs
     engine.close()
 
 
 def test_an_entry_that_is_not_a_calibration_is_measured_afresh(cache, tiny_folder):
     engine = load(tiny_folder)
-    key = CalibrationStore.key(engine.calibration_id, None, 4, machine_id())
+    key = CalibrationStore.key(engine.calibration_id, Placement(), 4, machine_id())
     for bad in ({"k": 4}, {"k": 4, "verify_s": -1.0, "draft_token_s": 0.1, "verify_shared_s": 0.1,
                            "draft_token_shared_s": 0.1}, "text", None):
         cache.write_text(json.dumps({key: bad}))
@@ -79,3 +79,29 @@ def test_a_read_only_cache_costs_a_calibration_not_the_request(cache, tiny_folde
     assert engine.calibration(4).k == 4
     assert "could not keep the calibration" in caplog.text
     engine.close()
+
+
+def test_the_verify_curve_is_measured_before_a_request_starts_and_kept_across_engines(cache, tiny_folder):
+    from mirrorsd import GenerationConfig
+    from mirrorsd.runtime.decode import verify_curve
+
+    engine = load(tiny_folder)
+    stream = engine.stream("The quick brown fox", GenerationConfig(max_new_tokens=4))
+    curve = verify_curve.known(engine.verifier)  # measured by stream(), before the request's first step
+    key = CalibrationStore.key(engine.calibration_id, Placement(), "verify curve", machine_id())
+    assert curve is not None and curve[0] == 1.0 and tuple(json.loads(cache.read_text())[key]) == curve
+    stream.close()
+    engine.close()
+
+    kept = (1.0,) + tuple(1.0 + k / 7 for k in range(1, len(curve)))  # no measurement gives these
+    cache.write_text(json.dumps({key: list(kept)}))
+    later = load(tiny_folder)  # as a later process would: the curve is read back, not measured
+    later.prepare()
+    assert verify_curve.known(later.verifier) == kept
+    for bad in ([2.0, 1.0], [1.0, -1.0], "text", [1.0, True]):  # not a curve: measured afresh and rewritten
+        cache.write_text(json.dumps({key: bad}))
+        again = load(tiny_folder)
+        again.prepare()
+        assert verify_curve.known(again.verifier) != kept and json.loads(cache.read_text())[key] != bad
+        again.close()
+    later.close()
