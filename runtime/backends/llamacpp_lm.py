@@ -1,7 +1,10 @@
 """The llama.cpp backend: the GGUF file as it is, on llama.cpp's own quantized kernels.
 
 Through llama-cpp-python (the optional `mirrorsd[llamacpp]` extra; it compiles llama.cpp when installed:
-CPU by default, `CMAKE_ARGS="-DGGML_METAL=on"` / `"-DGGML_CUDA=on"` / `"-DGGML_VULKAN=on"` for a GPU).
+CPU by default, `CMAKE_ARGS="-DGGML_METAL=on"` / `"-DGGML_CUDA=on"` / `"-DGGML_VULKAN=on"` for a GPU): its
+`Llama` loads the file and holds the context (`Llama.model`, `Llama.ctx`), and the passes go through llama.cpp's
+C API as llama-cpp-python exposes it (`llama_batch_init`, `llama_decode`, `llama_get_logits`,
+`llama_memory_seq_rm`), as llama.cpp's own speculative example drives it.
 Cache reconciliation is PrefixCachedLM's: a step feeds only the tokens the KV cache lacks, in one
 batch, asking llama.cpp for logits at the last k+1 positions only; rollback removes the KV cells past
 the committed length (`llama_memory_seq_rm`). No early exit (llama.cpp runs the graph whole) and no
@@ -98,8 +101,10 @@ class LlamaCppLM(PrefixCachedLM):
                 "the file may be corrupt or of an architecture this llama.cpp build does not know; "
                 "check it with `gguf-dump`, or use --backend torch") from exc
         self.path = gguf
+        self._api = llama_cpp
+        self._batch = llama_cpp.llama_batch_init(self.llm.n_batch, 0, 1)  # tokens, no embeddings, one sequence
         self.vocab_size = int(self.llm.n_vocab())
-        self.max_context = min(int(self.llm.n_ctx()), int(self.llm._model.n_ctx_train()) or n_ctx)
+        self.max_context = min(int(self.llm.n_ctx()), int(llama_cpp.llama_model_n_ctx_train(self.llm.model)) or n_ctx)
         self.computes_on = "gpu" if offload and gpu_layers != 0 else "cpu"
         self.backend = f"llamacpp:{self.computes_on}"
         self.n_threads = threads
@@ -108,17 +113,15 @@ class LlamaCppLM(PrefixCachedLM):
 
     def eog_ids(self, candidates) -> frozenset[int]:
         """Which of these token ids end generation for llama.cpp (EOS, EOT, <|im_end|>, ...)."""
-        import llama_cpp
-
-        vocab = self.llm._model.vocab
+        vocab = self._api.llama_model_get_vocab(self.llm.model)
         return frozenset(int(t) for t in candidates if 0 <= int(t) < self.vocab_size
-                         and llama_cpp.llama_vocab_is_eog(vocab, int(t)))
+                         and self._api.llama_vocab_is_eog(vocab, int(t)))
 
     # -- CausalLM ----------------------------------------------------------------------------------
 
     def _feed(self, new: list[int], rows: int) -> torch.Tensor:
         """Decode `new` in batches of n_batch; logits [rows, V] for the last rows positions only."""
-        llm, ctx, batch = self.llm, self.llm._ctx, self.llm._batch
+        api, llm, batch = self._api, self.llm, self._batch
         if self._switch is not None:
             self._switch(self.exact)  # per pass: the mode is process-wide (another Llama may run stock kernels)
         first_wanted = len(new) - rows
@@ -126,25 +129,31 @@ class LlamaCppLM(PrefixCachedLM):
         n_past = len(self._cached)
         for start in range(0, len(new), llm.n_batch):
             chunk = new[start:start + llm.n_batch]
-            batch.set_batch(batch=chunk, n_past=n_past, logits_all=False)
             wanted = 0
-            for i in range(len(chunk)):
+            for i, token in enumerate(chunk):  # one sequence (0); logits only for the rows asked for
                 keep = start + i >= first_wanted
-                batch.batch.logits[i] = keep
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, n_past + i, 1, keep
+                batch.seq_id[i][0] = 0
                 wanted += keep
-            ctx.decode(batch)
+            batch.n_tokens = len(chunk)
+            status = api.llama_decode(llm.ctx, batch)
+            if status != 0:
+                raise RuntimeError(f"llama_decode failed ({status}) at {n_past} cached tokens, a batch of {len(chunk)}")
             if wanted:
-                logits = np.ctypeslib.as_array(ctx.get_logits(), shape=(wanted * self.vocab_size,))
+                logits = np.ctypeslib.as_array(api.llama_get_logits(llm.ctx), shape=(wanted * self.vocab_size,))
                 out.append(logits.reshape(wanted, self.vocab_size).copy())
             n_past += len(chunk)
             self._cached.extend(chunk)
-            llm.n_tokens = n_past  # keep llama-cpp-python's own bookkeeping in step
+            llm.n_tokens = n_past  # Llama's public count, for its own generate() on this context (bench's peer)
         return torch.from_numpy(np.concatenate(out))  # [rows, V] float32
 
     def _drop(self, length: int) -> None:
-        self.llm._ctx.kv_cache_seq_rm(-1, length, -1)
+        self._api.llama_memory_seq_rm(self._api.llama_get_memory(self.llm.ctx), -1, length, -1)
         self.llm.n_tokens = length
 
     def close(self) -> None:
         self.reset()
+        if self._batch is not None:
+            self._api.llama_batch_free(self._batch)
+            self._batch = None
         self.llm.close()
