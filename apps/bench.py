@@ -81,7 +81,8 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
                       "machine[/yellow]")
     chosen = _choose(configs if configs is not None else list(CONFIGS), opts)
     if engine is None:
-        for note in to_fetch(opts.target, opts.draft_model):
+        uses_draft = any(m in ("draft", "draft (llama.cpp)") for c in chosen for m in c.memory)
+        for note in to_fetch(opts.target, opts.draft_model if uses_draft else None):  # what the rows will load
             console.print(note)
     memory: dict[str, float] = {}
     if engine is None and any(c.reference == TARGET_ONLY for c in chosen):  # a torch row is to run
@@ -395,7 +396,7 @@ def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -
              for c in configs_run if not c.ours and c.peer_of in by_name]
     return {
         "command": command,
-        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
         "settings": {"per_category": opts.per_category, "prompts_file": opts.prompts_file,
                      "max_new_tokens": opts.max_new_tokens, "repeats": opts.repeats, "k": opts.k,
                      "pin_devices": opts.pin_devices,

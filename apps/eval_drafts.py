@@ -138,7 +138,7 @@ def run_eval_drafts(opts: EvalOptions, engine: Engine | None = None, candidates:
         costs = {"price_per_hour": opts.price_per_hour, "target_only_per_million_tokens": per_million(base_tps),
                  "recommended_per_million_tokens": per_million(rec_tps)}
     report = {
-        "command": command, "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": command, "date_utc": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
         "workload": str(opts.workload), "workload_size": len(workload), "samples": len(ids), "seed": opts.seed,
         "target": opts.target, "dtype": opts.dtype, "backend": engine.verifier.backend,
         "max_new_tokens": opts.max_new_tokens, "k_max": opts.k_max,
@@ -181,7 +181,7 @@ def _predict(c: AcceptanceCounts, step_s: float, k_max: int) -> dict:
 def markdown(report: dict) -> str:
     lines = []
     if report.get("command"):
-        lines += [f"`{report['command']}` ({report['date_utc']})", ""]
+        lines += [f"`{report['command']}`", ""]  # the date stays in the JSON: the page is the current state
     lines += [f"Target {report['target']} ({report['dtype'].replace('torch.', '')}), {report['samples']} prompts "
               f"sampled from {report['workload']} ({report['workload_size']}), greedy, {report['max_new_tokens']} "
               f"new tokens; target-only {report['target_only_tokens_per_second']:.2f} tok/s, one decode step "
