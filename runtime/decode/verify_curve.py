@@ -40,17 +40,6 @@ def measure(lm: CausalLM, max_k: int, repeats: int = REPEATS) -> tuple[float, ..
     return tuple(round(s / seconds[0], 3) for s in seconds)
 
 
-def ensure(lm: CausalLM, max_k: int) -> tuple[float, ...]:
-    """The curve of this verifier up to max_k (at most MAX_K), measured on first use (between requests: it
-    resets the cache)."""
-    max_k = min(max_k, MAX_K)
-    curve = known(lm)
-    if not covers(curve, max_k):
-        curve = measure(lm, max_k)
-        remember(lm, curve)
-    return curve
-
-
 def covers(curve: tuple[float, ...] | None, max_k: int) -> bool:
     """Whether a curve reaches max_k drafted tokens (as far as they are measured)."""
     return curve is not None and len(curve) > min(max_k, MAX_K)
