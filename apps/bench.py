@@ -51,7 +51,7 @@ class BenchOptions:
     target: str = "qwen2.5-coder-1.5b"
     draft_model: str | None = "qwen2.5-coder-0.5b"
     draft_export: str | None = None  # export folder for the exported-draft rows
-    verifier_export: str | None = None  # verifier export of the target, for the ONNX verifier rows
+    target_export: str | None = None  # a target export (`--role target`), for the ONNX Runtime rows
     per_category: int = 2
     prompts_file: str | None = None
     max_new_tokens: int = 64
@@ -89,8 +89,8 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
         console.print(f"loading {opts.target}" + (f" and {opts.draft_model}" if opts.draft_model else ""))
         with measure_memory(memory, "target"):
             engine = Engine.load(target=opts.target, draft="none", dtype=opts.dtype, progress=True, backend="torch")
-            engine.verifier.score([0, 1, 2])  # weights load lazily (mmap): touch them before measuring
-            engine.verifier.reset()
+            engine.target.score([0, 1, 2])  # weights load lazily (mmap): touch them before measuring
+            engine.target.reset()
         if opts.draft_model and any("draft" in c.memory for c in chosen):
             from mirrorsd.devices import parse_dtype, resolve_device
             from mirrorsd.models import load_model
@@ -106,7 +106,7 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
     if pins is not None and engine is not None:
         engine.placement = pins.placement()  # every row on the torch target runs pinned (with_drafter keeps it)
     ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model, datastore, opts.draft_export,
-                       opts.verifier_export, memory, draft_threads=1 if pins else None)
+                       opts.target_export, memory, draft_threads=1 if pins else None)
     prompts = load_workload(opts.prompts_file) if opts.prompts_file else bundled_suite(opts.per_category)
     if ctx.any_engine is None:
         raise ConfigError("none of the chosen configurations can run here", "see `mirrorsd bench --help`")
@@ -433,14 +433,14 @@ def _models(ctx: BenchContext, opts: BenchOptions) -> dict:
                                   "precision": m["precision"], "quant": m.get("quant_form"), "backend": export.name}
     cpp = ctx.__dict__.get("cpp_engine")  # only if a configuration loaded it
     if cpp is not None:
-        lm = cpp.verifier
+        lm = cpp.target
         models["target (llama.cpp)"] = {"name": ctx.target_name, "file": lm.path.name, "backend": lm.backend,
                                         "threads": lm.n_threads}
     onnx = ctx.__dict__.get("onnx_engine")
     if onnx is not None:
-        m = onnx.verifier.manifest
-        models["target (onnx)"] = {"name": ctx.verifier_export, "source": m.get("source"), "quant": m.get("quant_form"),
-                                   "precision": m["precision"], "backend": onnx.verifier.backend}
+        m = onnx.target.manifest
+        models["target (onnx)"] = {"name": ctx.target_export, "source": m.get("source"), "quant": m.get("quant_form"),
+                                   "precision": m["precision"], "backend": onnx.target.backend}
     cpp_draft = ctx.__dict__.get("cpp_draft_lm")
     if cpp_draft is not None:
         models["draft (llama.cpp)"] = {"name": ctx.draft_name, "file": cpp_draft.path.name,

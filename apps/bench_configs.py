@@ -60,7 +60,7 @@ class BenchContext:
     draft_name: str | None = None
     datastore_spec: object = "default"  # "default" (stdlib), a Datastore, a path, or None (no retrieval rows)
     draft_export: str | None = None  # an export folder (`mirrorsd export`) for the exported-draft rows
-    verifier_export: str | None = None  # a `mirrorsd export --role verifier` folder of the target: ONNX rows
+    target_export: str | None = None  # a `mirrorsd export --role target` folder of the target: ONNX rows
     memory_mb: dict[str, float] = field(default_factory=dict)  # resident memory each model added when loaded
     draft_threads: int | None = None  # llama.cpp threads of the GGUF draft (1 under --pin-devices; None: all)
 
@@ -74,23 +74,23 @@ class BenchContext:
             return None
         with measure_memory(self.memory_mb, "target (llama.cpp)"):
             engine = Engine.load(self.target_name, backend="llamacpp", draft="none", progress=True)
-            engine.verifier.score([0, 1, 2])  # touch every weight page (mmap) before measuring
-            engine.verifier.reset()
+            engine.target.score([0, 1, 2])  # touch every weight page (mmap) before measuring
+            engine.target.reset()
         return engine
 
     @cached_property
     def onnx_engine(self) -> Engine | None:
-        """The target's verifier export on the onnx backend (ONNX Runtime), where one was given."""
-        if self.verifier_export is None:
+        """The target's export on the onnx backend (ONNX Runtime), where one was given."""
+        if self.target_export is None:
             return None
         from mirrorsd.export_format import check_tokenizer, read_manifest
 
         with measure_memory(self.memory_mb, "target (onnx)"):
-            engine = Engine.load(self.verifier_export, backend="onnx", draft="none", progress=True)
-            engine.verifier.score([0, 1, 2])
-            engine.verifier.reset()
+            engine = Engine.load(self.target_export, backend="onnx", draft="none", progress=True)
+            engine.target.score([0, 1, 2])
+            engine.target.reset()
         if self.engine is not None or self.cpp_engine is not None:  # its ids must mean the same text
-            check_tokenizer(read_manifest(self.verifier_export), self.tokenizer, self.target_name, self.verifier_export)
+            check_tokenizer(read_manifest(self.target_export), self.tokenizer, self.target_name, self.target_export)
         return engine
 
     @property
@@ -124,7 +124,7 @@ class BenchContext:
 
     @property
     def model(self):
-        return self.engine.verifier.model
+        return self.engine.target.model
 
     @property
     def tokenizer(self):
@@ -142,7 +142,7 @@ class BenchContext:
             return None
         with measure_memory(self.memory_mb, "draft export"):
             return drafter_from_export(self.draft_export, self.tokenizer, self.target_name, None,
-                                       cpu_draft_threads(self.any_engine.verifier.computes_on))
+                                       cpu_draft_threads(self.any_engine.target.computes_on))
 
     @cached_property
     def datastore(self):
@@ -206,7 +206,7 @@ def ours(ctx: BenchContext, drafter, engine: Engine | None = None, **config: obj
     base = engine or ctx.engine
 
     def run(ids: list[int], cfg: GenerationConfig) -> Output:
-        engine = base.with_drafter(drafter)  # paired with a fallback as Engine.load pairs them
+        engine = base.with_drafter(drafter)  # paired with a helper as Engine.load pairs them
         engine.reset()
         out = Output([])
         start = time.perf_counter()
@@ -265,7 +265,7 @@ def transformers_generate(ctx: BenchContext, **kw) -> Runner:
     tok = ctx.tokenizer
 
     def run(ids: list[int], cfg: GenerationConfig) -> Output:
-        x = torch.tensor([ids], device=ctx.engine.verifier.device)
+        x = torch.tensor([ids], device=ctx.engine.target.device)
         sampling = dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p) if cfg.temperature > 0 else \
             dict(do_sample=False)
         clock = clock_cls()
@@ -302,29 +302,34 @@ register(BenchConfig("retrieval (ours)",
 register(BenchConfig("chain n-gram + retrieval (ours)",
                      _with_store(lambda ctx: ours(ctx, ChainDrafter(NGramDrafter(), RetrievalDrafter(ctx.datastore)))),
                      needs=_STORE))
-for _mode in ("sequential", "overlap", "branches"):  # the two-queue pipeline: one row per schedule
-    register(BenchConfig(f"draft model, {_mode} (ours)",
+def _row(what: str, mode: str) -> str:
+    """A draft row's name: the pipeline mode after the draft, none when the pipeline is off."""
+    return f"{what} (ours)" if mode == "off" else f"{what}, {mode} (ours)"
+
+
+for _mode in ("off", "overlap", "branches"):  # the two-queue pipeline: one row per schedule
+    register(BenchConfig(_row("draft model", _mode),
                          lambda ctx, mode=_mode: ours(ctx, _draft_model(ctx), pipeline=mode) if ctx.draft_lm is not None
                          else None, needs=_DRAFT, memory=("target", "draft")))
 register(BenchConfig("draft model, branches from early exit (ours)",  # the target's layer-l_e candidates
                      lambda ctx: ours(ctx, _draft_model(ctx), pipeline="branches", branch_source="early_exit")
                      if ctx.draft_lm is not None else None, needs=_DRAFT, memory=("target", "draft")))
-for _mode in ("sequential", "overlap", "branches"):  # the same draft exported, on ONNX Runtime
-    register(BenchConfig(f"exported draft, {_mode} (ours)",
+for _mode in ("off", "overlap", "branches"):  # the same draft exported, on ONNX Runtime
+    register(BenchConfig(_row("exported draft", _mode),
                          lambda ctx, mode=_mode: ours(ctx, ctx.export_drafter, pipeline=mode)
                          if ctx.draft_export is not None else None, needs=_EXPORT, memory=("target", "draft export")))
-for _mode in ("sequential", "overlap", "branches"):  # the GGUF draft on llama.cpp beside the torch target
-    register(BenchConfig(f"GGUF draft on llama.cpp, {_mode} (ours)",
+for _mode in ("off", "overlap", "branches"):  # the GGUF draft on llama.cpp beside the torch target
+    register(BenchConfig(_row("GGUF draft on llama.cpp", _mode),
                          lambda ctx, mode=_mode: ours(ctx, ModelDrafter(ctx.cpp_draft_lm), pipeline=mode)
                          if ctx.cpp_draft_lm is not None else None, needs="a GGUF draft model and llama-cpp-python",
                          memory=("target", "draft (llama.cpp)")))
-PINNED = [TARGET_ONLY] + [f"{row}, {mode} (ours)" for row in ("draft model", "exported draft", "GGUF draft on llama.cpp")
-                          for mode in ("sequential", "overlap", "branches")]
+PINNED = [TARGET_ONLY] + [_row(row, mode) for row in ("draft model", "exported draft", "GGUF draft on llama.cpp")
+                          for mode in ("off", "overlap", "branches")]
 """The rows of `bench --pin-devices`: target-only and each draft in every pipeline mode, all on the torch
 target, the verify side pinned to one core and the draft side to another (separate compute, simulated)."""
 register(BenchConfig("assisted generation (transformers)",
                      lambda ctx: transformers_generate(ctx, assistant_model=ctx.draft_lm) if ctx.draft_lm is not None
-                     else None, peer_of="draft model, sequential (ours)", needs=_DRAFT))
+                     else None, peer_of="draft model (ours)", needs=_DRAFT))
 
 
 # -- llama.cpp: the target's GGUF file as it is; greedy outputs are compared with llama.cpp's own target-only
@@ -341,7 +346,7 @@ def llama_cpp_generate(ctx: BenchContext, prompt_lookup: bool = False) -> Runner
     from mirrorsd.bench import physical_cores
     from mirrorsd.bench import stock_kernels
 
-    lm = ctx.cpp_engine.verifier
+    lm = ctx.cpp_engine.target
     if prompt_lookup:  # a draft model makes llama-cpp-python keep logits for every position: its own context
         threads = physical_cores()
         llm = Llama(model_path=str(lm.path), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
@@ -422,22 +427,22 @@ register(BenchConfig("exported draft, llama.cpp (ours)",
                      memory=("target (llama.cpp)", "draft export")))
 
 
-# -- the ONNX Runtime verifier: the target's `mirrorsd export --role verifier` folder.
+# -- the target on ONNX Runtime: its `mirrorsd export --role target` folder.
 
 def _onnx(ctx: BenchContext) -> Engine | None:
     return ctx.onnx_engine
 
 
-ONNX_TARGET_ONLY = "target only, ONNX verifier (ours)"
-_ONNX = "a verifier export of the target (--verifier-export DIR, made by `mirrorsd export --role verifier`)"
+ONNX_TARGET_ONLY = "target only, ONNX Runtime (ours)"
+_ONNX = "a target export (--target-export DIR, made by `mirrorsd export --role target`)"
 _ONNX_ROW = dict(reference=ONNX_TARGET_ONLY, needs=_ONNX, memory=("target (onnx)",))
 
 register(BenchConfig(ONNX_TARGET_ONLY, _on(_onnx, lambda ctx, e: ours(ctx, None, engine=e)), **_ONNX_ROW))
-_model_free_rows("ONNX verifier", _onnx, _ONNX_ROW)
-register(BenchConfig("exported draft, ONNX verifier (ours)",
+_model_free_rows("ONNX Runtime", _onnx, _ONNX_ROW)
+register(BenchConfig("exported draft, ONNX Runtime (ours)",
                      _on(_onnx, lambda ctx, e: None if ctx.draft_export is None else ours(ctx, ctx.export_drafter, engine=e)),
                      reference=ONNX_TARGET_ONLY, needs=f"{_ONNX} and {_EXPORT}", memory=("target (onnx)", "draft export")))
-register(BenchConfig("draft model llama.cpp, ONNX verifier (ours)",
+register(BenchConfig("draft model llama.cpp, ONNX Runtime (ours)",
                      _on(_onnx, lambda ctx, e: None if ctx.cpp_draft_lm is None else
                          ours(ctx, ModelDrafter(ctx.cpp_draft_lm), engine=e)),
                      reference=ONNX_TARGET_ONLY, needs=f"{_ONNX} and {_CPP_DRAFT}",

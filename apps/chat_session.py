@@ -137,9 +137,9 @@ def stats_fields(stats: dict) -> dict[str, str]:
 
 def _pipeline(stats: dict) -> str:
     """The scheduling mode that ran (the two-queue pipeline's) and how much drafting it hid."""
-    mode = str(stats.get("pipeline", "sequential"))
+    mode = str(stats.get("pipeline", "off"))
     hidden = stats.get("hidden_draft_share")
-    return f"{mode}, {hidden:.0%} of drafting hidden" if hidden and mode != "sequential" else mode
+    return f"{mode}, {hidden:.0%} of drafting hidden" if hidden and mode != "off" else mode
 
 
 def format_stat(key: str, value) -> str:
@@ -183,7 +183,7 @@ def engine_summary(engine) -> str:
     """Which model and backends serve: the target's backend and device (e.g. torch:cpu) and the drafter
     (its name carries the backend for model drafters; n-gram and retrieval run on the host CPU)."""
     draft = "none" if engine.drafter is None else engine.drafter.name
-    return f"{engine.name} on {engine.verifier.backend} · draft {draft}"
+    return f"{engine.name} on {engine.target.backend} · draft {draft}"
 
 
 def with_settings(session: ChatSession, **changes) -> None:

@@ -33,7 +33,7 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 BACKEND_HELP = ("Model backend: auto (onnx for an export folder; llama.cpp for a GGUF model, i.e. catalog models "
                 "and .gguf files, where llama-cpp-python is installed; else torch) | llamacpp | onnx (a "
-                "`mirrorsd export --role verifier` folder) | torch (float32 reference).")
+                "`mirrorsd export --role target` folder) | torch (float32 reference).")
 Backend = Annotated[str, typer.Option(help=BACKEND_HELP)]
 DraftBackend = Annotated[Optional[str], typer.Option(help="Backend of a draft model (default: --backend).")]
 
@@ -92,13 +92,13 @@ def generate(
     stop: Annotated[Optional[list[str]], typer.Option(help="Stop string (repeatable).")] = None,
     device: Annotated[str, typer.Option(help="Target device: auto | cpu | cuda[:N] | mps | xpu.")] = "auto",
     draft_device: Annotated[Optional[str], typer.Option(
-        help="Draft device: a torch device for a draft model (default: the verifier's), or a backend for an "
+        help="Draft device: a torch device for a draft model (default: the target's), or a backend for an "
              "export: cpu | coreml | qnn | openvino | dml | vitisai | cuda (default: the placement policy).")] = None,
     dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16 (torch backend).")] = "auto",
     backend: Backend = "auto",
     draft_backend: DraftBackend = None,
     raw: Annotated[bool, typer.Option("--raw", help="Use the prompt as raw text, no chat template.")] = False,
-    pipeline: Annotated[str, typer.Option(help="auto | sequential | overlap | branches (how drafting and "
+    pipeline: Annotated[str, typer.Option(help="auto | off | overlap | branches (how drafting and "
                                                "verification are scheduled; output is the same).")] = DEFAULTS.pipeline,
     early_exit_layer: Annotated[Optional[int], typer.Option(help="l_e for branch hints (default: 4/5 of the depth).")] = None,
     branch_width: Annotated[int, typer.Option(help="kappa: branch candidates per draft position.")] = DEFAULTS.branch_width,
@@ -158,7 +158,7 @@ def generate(
         alpha = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"
         if len(s.acceptance_by_drafter) > 1:
             alpha += " (" + ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance_by_drafter.items()) + ")"
-        hidden = "" if s.pipeline == "sequential" else f", {s.pipeline}: {s.hidden_draft_share or 0:.0%} of draft time hidden"
+        hidden = "" if s.pipeline == "off" else f", {s.pipeline}: {s.hidden_draft_share or 0:.0%} of draft time hidden"
         inexact = "" if s.exact else " (inexact backend: verify passes not batch-invariant)"
         print(f"\n\n[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s on {s.backend}{inexact}, "
               f"first token after {s.time_to_first_token_s:.2f} s (prompt {s.prompt_time_s:.2f} s), "
@@ -246,17 +246,17 @@ def bench(
     dtype: Annotated[str, typer.Option(help="Model dtype for every configuration: float32 | bfloat16 | float16.")] = "float32",
     draft_export: Annotated[Optional[str], typer.Option(help="An export folder (`mirrorsd export`) for the "
                                                              "exported-draft rows, on the backend placement picks.")] = None,
-    verifier_export: Annotated[Optional[str], typer.Option(help="The target's `mirrorsd export --role verifier` "
-                                                                "folder, for the ONNX verifier rows.")] = None,
+    target_export: Annotated[Optional[str], typer.Option(help="The target's `mirrorsd export --role target` "
+                                                                "folder, for the ONNX Runtime rows.")] = None,
     datastore: Annotated[str, typer.Option(help="Datastore for the retrieval rows: 'default' (this Python's stdlib), "
                                                 "a datastore folder, or 'none' to skip them.")] = "default",
     only: Annotated[Optional[list[str]], typer.Option(help="Run only this configuration (repeatable; its "
                                                            "target-only reference row runs too).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="A few minutes: smollm2-135m, no draft model, 1 prompt per category, "
                                              "48 tokens, 2 repeats (explicit options still apply).")] = False,
-    pin_devices: Annotated[bool, typer.Option("--pin-devices", help="Separate compute, simulated (Linux): the verifier on one core and "
+    pin_devices: Annotated[bool, typer.Option("--pin-devices", help="Separate compute, simulated (Linux): the target on one core and "
                                                    "the draft on another, one thread each, in every mode; runs "
-                                                   "target-only and each draft sequential / overlap / branches.")] = False,
+                                                   "target-only and each draft with the pipeline off / overlap / branches.")] = False,
     out: Annotated[str, typer.Option(help="Folder for report.json, report.md and the PNG plots.")] = "bench-out",
 ) -> None:
     """Every drafter, our runtime and transformers side by side on a prompt suite; report + plots."""
@@ -269,7 +269,7 @@ def bench(
     if quick:
         values.update({key: val for key, val in QUICK.items() if key not in given})
     run_bench(BenchOptions(prompts_file=prompts, k=k, dtype=dtype, only=tuple(only or ()), out=out, pin_devices=pin_devices,
-                           draft_export=draft_export, verifier_export=verifier_export, **values),
+                           draft_export=draft_export, target_export=target_export, **values),
               datastore=None if datastore == "none" else datastore, command=command_line())
 
 
@@ -301,7 +301,7 @@ def eval_drafts(
 def devices(
     draft: Annotated[Optional[str], typer.Option(help="An export folder to place (default: the exports cache).")] = None,
     draft_device: Annotated[Optional[str], typer.Option(help="Draft backend override.")] = None,
-    verifier_device: Annotated[Optional[str], typer.Option("--device", help="Target device override.")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="Target device override.")] = None,
     check: Annotated[Optional[str], typer.Option(help="Check a target's batch invariance on its backend: verify "
                                                 "passes of 1..17 positions against one-token decoding "
                                                 "(a catalog name, .gguf, folder or export).")] = None,
@@ -333,7 +333,7 @@ def devices(
                    for p in sorted(exports_dir().glob("*/manifest.json"))]
         print(f"exports     {len(exports)} in {exports_dir()}" + "".join(f"\n            {e.path} ({e.format}, "
                                                                         f"{e.profile}, quant {e.quant})" for e in exports))
-    p = place(inv, exports, explicit=bool(draft), draft_device=draft_device, verifier_device=verifier_device)
+    p = place(inv, exports, explicit=bool(draft), draft_device=draft_device, target_device=device)
     from mirrorsd.backends import llamacpp_installed
 
     if llamacpp_installed():
@@ -345,9 +345,9 @@ def devices(
     else:
         print("backend     auto -> torch (float32): llama-cpp-python is not installed "
               "(pip install 'mirrorsd[llamacpp]' runs GGUF models on llama.cpp's quantized kernels)")
-    print("backend     auto -> onnx for an export folder (`mirrorsd export --role verifier`): ONNX Runtime's "
+    print("backend     auto -> onnx for an export folder (`mirrorsd export --role target`): ONNX Runtime's "
           "int4/int8 kernels, CUDA provider where installed")
-    print(f"verifier -> {p.verifier}: {p.verifier_reason}")
+    print(f"target   -> {p.target}: {p.target_reason}")
     if p.draft == "export":
         print(f"draft    -> {p.draft_export} on {p.draft_backend}: {p.draft_reason}")
     else:
@@ -375,21 +375,21 @@ def _check_invariance(target: str, backend: str) -> None:
 @app.command("export")
 def export_cmd(
     model: Annotated[Optional[str], typer.Option(help="Model to export: catalog name, folder or .gguf.")] = None,
-    role: Annotated[str, typer.Option(help="draft (a draft model; NPU profile by default) | verifier (the target "
+    role: Annotated[str, typer.Option(help="draft (a draft model; NPU profile by default) | target (the target "
                                            "for --backend onnx: dynamic profile, K+1 tokens per call).")] = "draft",
     out: Annotated[Optional[str], typer.Option(help="Export folder to write.")] = None,
     fmt: Annotated[str, typer.Option("--format", help="onnx | coreml.")] = "onnx",
     profile: Annotated[Optional[str], typer.Option(help="npu (static shapes) | dynamic (CPU/GPU providers); "
-                                                        "default: npu for a draft, dynamic for a verifier.")] = None,
+                                                        "default: npu for a draft, dynamic for a target.")] = None,
     precision: Annotated[str, typer.Option(help="fp32 | fp16.")] = "fp32",
     quant: Annotated[str, typer.Option(help="none | int8 (QDQ for npu, dynamic for dynamic) | int4 | gguf (a "
                                             "GGUF's own blocks in MatMulNBits, not re-rounded).")] = "none",
     max_context: Annotated[Optional[int], typer.Option(help="KV cache slots, the longest context the model "
-                                                            "sees (default 1024 for a draft, 4096 for a verifier).")] = None,
+                                                            "sees (default 1024 for a draft, 4096 for a target).")] = None,
     prefill_chunk: Annotated[int, typer.Option(help="Tokens per prefill block (npu profile).")] = 16,
     validate: Annotated[Optional[str], typer.Option(help="Only validate this export folder.")] = None,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip validation after exporting.")] = False,
-    target: Annotated[Optional[str], typer.Option(help="Verifier for the validation's acceptance rate "
+    target: Annotated[Optional[str], typer.Option(help="Target for the validation's acceptance rate "
                                                        "(default: the exported model itself).")] = None,
     provider: Annotated[str, typer.Option(help="ONNX Runtime provider the validation runs on.")] = "cpu",
     atol: Annotated[Optional[float], typer.Option(help="Validation of an fp32 export: the largest |logit "
@@ -425,16 +425,18 @@ def export_cmd(
         raise ConfigError("mirrorsd export needs --model and --out (or --validate DIR)",
                           "e.g. mirrorsd export --model smollm2-135m --out exports/smollm2-npu")
     from mirrorsd.exporters import export_draft
+    from mirrorsd.exporters.export import ROLE_ALIASES
 
+    role = ROLE_ALIASES.get(role, role)
     manifest = export_draft(model, out, fmt=fmt, profile=profile, precision=precision, quant=quant,
-                            max_context=max_context or (4096 if role == "verifier" else 1024),
+                            max_context=max_context or (4096 if role == "target" else 1024),
                             prefill_chunk=prefill_chunk, validate=not no_validate, progress=True, role=role,
                             phases=phases, verbose=verbose, limits=limits)
     if not as_json:
         print(f"{out}: {role}, {fmt} {manifest['profile']} profile, {manifest['precision']}, quant "
               f"{manifest['quant_form']}, max context {manifest['max_context']}; full report in {out}/manifest.json")
-    what = ("as a verifier it decodes its own quantized model, which differs from the source more often than the "
-            "limits allow") if role == "verifier" else "it still drafts losslessly, at a lower acceptance rate"
+    what = ("as a target it decodes its own quantized model, which differs from the source more often than the "
+            "limits allow") if role == "target" else "it still drafts losslessly, at a lower acceptance rate"
     _show_validation(manifest.get("validation"), manifest if as_json else None, f"the export is written to {out}; {what}")
 
 
@@ -605,7 +607,7 @@ def handoff(
         raise ConfigError(f"cannot hand off to {to!r}", "--to vllm")
     plan = plan_handoff(target, draft, k, eval_report)
     folder = write_handoff(plan, out, copy=copy, progress=True)
-    print(f"{folder}: {plan.target} with {plan.draft}, K={plan.k} ({plan.source}); run {folder / 'serve.sh'} where "
+    print(f"{folder}: {plan.target} with {plan.draft}, K={plan.k} ({plan.k_from}); run {folder / 'serve.sh'} where "
           "vLLM is installed (see its README.md)")
 
 
@@ -657,7 +659,7 @@ def datastore_info(path: Annotated[str, typer.Argument(help="A datastore folder.
 
 
 # Old spellings, still accepted and not shown: one name per concept in the help.
-HIDDEN_ALIASES = {"--verifier-device": "--device"}
+HIDDEN_ALIASES = {"--verifier-device": "--device", "--verifier-export": "--target-export"}
 
 
 def _unaliased(args: list[str]) -> list[str]:

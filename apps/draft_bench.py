@@ -89,11 +89,11 @@ def run_draft_bench(draft: str = "qwen2.5-coder-0.5b", target: str = "qwen2.5-co
     from mirrorsd.tokenizer_check import check_tokenizers_match
 
     check_tokenizers_match(target_tok, tokenizer, target, draft)
-    verifier = TorchCausalLM(target_model)
+    target_lm = TorchCausalLM(target_model)
     t0 = time.perf_counter()
-    continuations = [greedy_continuation(verifier, p, max_new_tokens) for p in prompts]
+    continuations = [greedy_continuation(target_lm, p, max_new_tokens) for p in prompts]
     target_tps = n_prompts * max_new_tokens / (time.perf_counter() - t0)
-    del verifier, target_model
+    del target_lm, target_model
     backends = {"torch float32": (TorchCausalLM(draft_model), None)}
     for variant, folder in folders.items():
         manifest = read_manifest(folder)

@@ -140,7 +140,7 @@ def run_eval_drafts(opts: EvalOptions, engine: Engine | None = None, candidates:
     report = {
         "command": command, "date_utc": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
         "workload": str(opts.workload), "workload_size": len(workload), "samples": len(ids), "seed": opts.seed,
-        "target": opts.target, "dtype": opts.dtype, "backend": engine.verifier.backend,
+        "target": opts.target, "dtype": opts.dtype, "backend": engine.target.backend,
         "max_new_tokens": opts.max_new_tokens, "k_max": opts.k_max,
         "target_step_seconds": round(step_s, 5), "target_only_tokens_per_second": round(base_tps, 3),
         "machine": machine_info(), "versions": versions(),

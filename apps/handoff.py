@@ -27,13 +27,13 @@ class Handoff:
     draft: str  # "ngram", "retrieval[:DATASTORE]", "chain[:DATASTORE]" or a draft model argument
     k: int
     measured: dict | None  # the eval-drafts candidate's figures, when K came from a report
-    source: str  # where K came from
+    k_from: str  # where K came from
 
 
 def plan_handoff(target: str | None, draft: str | None, k: int | None, report: str | None) -> Handoff:
     """The handoff's target, drafter and K: given, or taken from an `eval-drafts` report (its recommendation,
     or the named drafter's own best K)."""
-    measured, source = None, "given (--k)" if k is not None else "mirrorsd's starting K (no report given)"
+    measured, k_from = None, "given (--k)" if k is not None else "mirrorsd's starting K (no report given)"
     if report is not None:
         data = _read_report(report)
         target = target or data["target"]
@@ -45,7 +45,7 @@ def plan_handoff(target: str | None, draft: str | None, k: int | None, report: s
                               f"one of: {', '.join(data['candidates'])}")
         measured = data["candidates"][draft]
         if k is None:
-            k, source = int(measured["best_k"]), f"best K measured by eval-drafts ({report})"
+            k, k_from = int(measured["best_k"]), f"best K measured by eval-drafts ({report})"
     target, draft = target or "smollm2-135m", draft or "ngram"
     if draft in NOT_HANDED_OFF:
         raise ConfigError(f"drafter {draft!r} is not one drafter: name the one to hand off",
@@ -53,7 +53,7 @@ def plan_handoff(target: str | None, draft: str | None, k: int | None, report: s
     k = GenerationConfig().num_draft_tokens if k is None else k
     if not 1 <= k <= 64:
         raise ConfigError(f"--k must be in [1, 64], got {k}", "vLLM speculates a fixed number of tokens per step")
-    return Handoff(target, draft, k, measured, source)
+    return Handoff(target, draft, k, measured, k_from)
 
 
 def _read_report(path: str) -> dict:
@@ -121,7 +121,7 @@ def write_handoff(handoff: Handoff, out: str, copy: bool = False, progress: bool
     record = {"target": handoff.target, "target_folder": str(target_dir), "draft": handoff.draft,
               "draft_folder": None if draft_dir is None else str(draft_dir),
               "datastore": None if datastore is None else str(datastore), "num_speculative_tokens": handoff.k,
-              "k_from": handoff.source, "measured_here": handoff.measured, "speculative_config": config}
+              "k_from": handoff.k_from, "measured_here": handoff.measured, "speculative_config": config}
     (folder / "handoff.json").write_text(json.dumps(record, indent=1) + "\n")
     (folder / "README.md").write_text(_readme(handoff, config))
     return folder
@@ -177,7 +177,7 @@ def _readme(handoff: Handoff, config: dict) -> str:
 
 - `target/`: {handoff.target} as a Hugging Face folder; `speculative_config.json`: `{json.dumps(config)}`.
 - {what}
-- K = {handoff.k} ({handoff.source}). mirrorsd chooses K per step from measured costs; vLLM speculates a fixed
+- K = {handoff.k} ({handoff.k_from}). mirrorsd chooses K per step from measured costs; vLLM speculates a fixed
   number of tokens per step, so the adaptive K becomes this one number.
 - Lossless in both: vLLM's rejection sampler keeps the target's distribution, and under greedy decoding its
   output is the target's own on vLLM's kernels (which are not mirrorsd's: token-for-token equality with

@@ -115,7 +115,7 @@ def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
         info = card(engine, model_id)
         return {"modelfile": f"FROM {model_id}\n", "parameters": f"temperature {DEFAULT_TEMPERATURE}",
                 "template": template, "details": info["details"], "capabilities": ["completion"],
-                "model_info": {"mirrorsd.backend": engine.verifier.backend,
+                "model_info": {"mirrorsd.backend": engine.target.backend,
                                "mirrorsd.drafter": engine.drafter.name if engine.drafter is not None else "none"},
                 "modified_at": info["modified_at"]}
 
@@ -179,7 +179,7 @@ def _schema(fmt) -> dict | None:
 
 def card(engine, model_id: str) -> dict:
     """The model as /api/tags lists it (what the server knows of it: no file size for in-memory models)."""
-    backend = engine.verifier.backend
+    backend = engine.target.backend
     return {"name": model_id, "model": model_id, "modified_at": _now(), "size": 0,
             "digest": hashlib.sha256(model_id.encode()).hexdigest(),
             "details": {"parent_model": "", "format": "gguf" if backend.startswith("llamacpp") else backend,

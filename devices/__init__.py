@@ -1,5 +1,5 @@
-"""mirrorsd.devices: what this machine has (discovery), where the verifier and the draft run
-(placement), the torch device and dtype of the verifier, and ONNX Runtime provider options."""
+"""mirrorsd.devices: what this machine has (discovery), where the target and the draft run
+(placement), the torch device and dtype of the target, and ONNX Runtime provider options."""
 
 from mirrorsd.devices.discovery import EpDevice, Inventory, TorchBackend, discover
 from mirrorsd.devices.placement import ExportInfo, Placement, compatible, npu_backends, place

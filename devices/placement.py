@@ -1,10 +1,10 @@
-"""The placement policy: which chip runs the verifier and which runs the draft, and why.
+"""The placement policy: which chip runs the target and which runs the draft, and why.
 
 A pure function of an Inventory (mirrorsd.devices.discovery) and the exported drafts on offer, so it
 is tested against what a Mac, a Snapdragon laptop, an Intel Core Ultra laptop, an NVIDIA desktop and
 a plain CPU box report:
 
-- verifier: the user's --device, else a GPU (CUDA, MPS, XPU), else the CPU;
+- target: the user's --device, else a GPU (CUDA, MPS, XPU), else the CPU;
 - draft: the user's --draft-device; else the first NPU backend present that the export fits
   (Core ML on Apple silicon; QNN on Snapdragon; OpenVINO NPU on Intel Core Ultra; VitisAI on Ryzen AI;
   DirectML where it lists an NPU); an export asked for by name with no NPU to take it runs on the
@@ -37,8 +37,8 @@ class ExportInfo:
 
 @dataclass(frozen=True)
 class Placement:
-    verifier: str  # torch device
-    verifier_reason: str
+    target: str  # torch device
+    target_reason: str
     draft: str  # "export" (a model draft from `draft_export` on `draft_backend`) or "chain" (model-free)
     draft_backend: str | None  # ONNX Runtime provider name, or "coreml"
     draft_export: str | None
@@ -87,7 +87,7 @@ def _preference(export: ExportInfo, backend: str) -> int:
     return 0 if (export.quant == "int8") == int8_first else 1
 
 
-def _verifier(inv: Inventory, override: str | None) -> tuple[str, str]:
+def _target_device(inv: Inventory, override: str | None) -> tuple[str, str]:
     if override and override != "auto":
         return override, "asked for (--device)"
     for backend in inv.torch:
@@ -98,39 +98,39 @@ def _verifier(inv: Inventory, override: str | None) -> tuple[str, str]:
 
 
 def place(inv: Inventory, exports: list[ExportInfo] = (), explicit: bool = False, draft_device: str | None = None,
-          verifier_device: str | None = None) -> Placement:
+          target_device: str | None = None) -> Placement:
     """Decide. `exports`: the draft asked for by name (explicit=True), or the exports found for this
     target (auto). `draft_device`: a backend name the user named (provider alias or "coreml")."""
     from mirrorsd.devices.providers import provider_name
 
-    verifier, verifier_reason = _verifier(inv, verifier_device)
+    target, target_reason = _target_device(inv, target_device)
     chain = "model-free chain (n-gram + retrieval)"
     if draft_device and draft_device != "auto":
         backend = COREML if draft_device.lower() == COREML else provider_name(draft_device)
         for export in exports:
             if compatible(export, backend):
-                return Placement(verifier, verifier_reason, "export", backend, export.path,
+                return Placement(target, target_reason, "export", backend, export.path,
                                  f"asked for (--draft-device {draft_device})")
-        return Placement(verifier, verifier_reason, "chain", None, None,
+        return Placement(target, target_reason, "chain", None, None,
                          f"no exported draft that {backend} can run was given or found: {chain}")
     npus = npu_backends(inv)
     for backend, what in npus:
         fitting = sorted((e for e in exports if compatible(e, backend)), key=lambda e: _preference(e, backend))
         if fitting:
-            return Placement(verifier, verifier_reason, "export", backend, fitting[0].path, what)
+            return Placement(target, target_reason, "export", backend, fitting[0].path, what)
     if explicit and exports:
         export = exports[0]
         why = "no NPU here" if not npus else f"{npus[0][0]} cannot run this export ({export.profile} profile, " \
                                              f"quant {export.quant})"
         if export.format == "coreml":
-            return Placement(verifier, verifier_reason, "export", COREML, export.path,
+            return Placement(target, target_reason, "export", COREML, export.path,
                              f"{why}; a Core ML export runs only through Core ML on macOS")
-        gpu = "CUDAExecutionProvider" in inv.providers and verifier.startswith("cpu")
+        gpu = "CUDAExecutionProvider" in inv.providers and target.startswith("cpu")
         backend = "CUDAExecutionProvider" if gpu else "CPUExecutionProvider"
-        return Placement(verifier, verifier_reason, "export", backend, export.path,
+        return Placement(target, target_reason, "export", backend, export.path,
                          f"{why}: the draft you asked for runs on {backend}")
     if npus:
-        return Placement(verifier, verifier_reason, "chain", None, None,
+        return Placement(target, target_reason, "chain", None, None,
                          f"{npus[0][1]} present but no compatible exported draft found (mirrorsd export "
                          f"--profile npu): {chain}")
-    return Placement(verifier, verifier_reason, "chain", None, None, f"no NPU: {chain}")
+    return Placement(target, target_reason, "chain", None, None, f"no NPU: {chain}")

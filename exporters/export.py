@@ -1,5 +1,5 @@
-"""`export_draft` / `export_verifier`: one call (and `mirrorsd export`) from a model to a validated export
-folder. A draft export is a small model for an NPU (static profile) or a CPU/GPU provider; a verifier
+"""`export_draft` / `export_target`: one call (and `mirrorsd export`) from a model to a validated export
+folder. A draft export is a small model for an NPU (static profile) or a CPU/GPU provider; a target
 export is the target itself in the dynamic profile, scoring K+1 tokens per call (`--backend onnx`)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from mirrorsd.exporters.manifest import write_manifest
 from mirrorsd.exporters.phases import PhaseLog, quiet_tools
 from mirrorsd.exporters.validate import Limits
 
-ROLES = ("draft", "verifier")
+ROLES = ("draft", "target")
+ROLE_ALIASES = {"verifier": "target"}  # the earlier spelling, still accepted
 FORMATS = ("onnx", "coreml")
 PROFILES = ("npu", "dynamic")
 PRECISIONS = ("fp32", "fp16")
@@ -37,9 +38,9 @@ def _check_options(role: str, fmt: str, profile: str, precision: str, quant: str
                                  (precision, PRECISIONS, "precision"), (quant, QUANTS, "quant")):
         if value not in allowed:
             raise ConfigError(f"unknown {what} {value!r}", f"use one of {', '.join(allowed)}")
-    if role == "verifier" and (fmt != "onnx" or profile != "dynamic"):
-        raise ConfigError("a verifier export is ONNX in the dynamic profile: it scores a variable number of "
-                          "drafted tokens per call", "mirrorsd export --role verifier --model M --out DIR "
+    if role == "target" and (fmt != "onnx" or profile != "dynamic"):
+        raise ConfigError("a target export is ONNX in the dynamic profile: it scores a variable number of "
+                          "drafted tokens per call", "mirrorsd export --role target --model M --out DIR "
                           "[--quant int4|int8] [--precision fp16]")
     if quant != "none" and precision != "fp32":
         raise ConfigError("quantized exports start from fp32 weights", "pass --precision fp32 with --quant")
@@ -69,11 +70,11 @@ def providers_for(fmt: str, profile: str, quant: str) -> list[str]:
     return ["CPUExecutionProvider", *gpu]
 
 
-def export_verifier(model, out: str | Path, precision: str = "fp32", quant: str = "int4", max_context: int = 4096,
+def export_target(model, out: str | Path, precision: str = "fp32", quant: str = "int4", max_context: int = 4096,
                     tokenizer=None, validate: bool = True, progress: bool = False, **options) -> dict:
     """Export a target model for the ONNX Runtime backend (`Engine.load(out)`, `--backend onnx`).
     options: gguf, phases, verbose, limits (as export_draft)."""
-    return export_draft(model, out, role="verifier", profile="dynamic", precision=precision, quant=quant,
+    return export_draft(model, out, role="target", profile="dynamic", precision=precision, quant=quant,
                         max_context=max_context, tokenizer=tokenizer, validate=validate, progress=progress, **options)
 
 
@@ -85,13 +86,14 @@ def export_draft(model, out: str | Path, fmt: str = "onnx", profile: str | None 
 
     model: a model argument (catalog name, folder, .gguf) or an in-memory transformers model (then
     pass its tokenizer). out: the export folder (replaced if it holds an earlier export).
-    role: "draft" or "verifier" (see export_verifier). profile: default npu for a draft, dynamic for a verifier.
+    role: "draft" or "target" (see export_target). profile: default npu for a draft, dynamic for a target.
     phases: times the load/export/quantize/validate phases and tells its listener (the CLI's display);
     verbose: let the tools' own logs and warnings through; limits: validation thresholds.
     quant "gguf": the GGUF's own blocks in MatMulNBits (exporters/gguf_blocks.py); the GGUF is the model
     argument's (a catalog name or a .gguf path), or `gguf` for an in-memory model loaded from one.
     """
-    profile = profile or ("dynamic" if role == "verifier" else "npu")
+    role = ROLE_ALIASES.get(role, role)
+    profile = profile or ("dynamic" if role == "target" else "npu")
     _check_options(role, fmt, profile, precision, quant, max_context, prefill_chunk)
     phases = phases or PhaseLog()
     gguf_path = _gguf_source(model, gguf) if quant == "gguf" else None
@@ -182,8 +184,8 @@ def _export(model, tokenizer, spec: str | None, out: Path, role: str, fmt: str, 
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
     try:
         graphs, extra = _graphs(model, out, fmt, profile, max_context, prefill_chunk, precision, quant, prompts, phases,
-                                gguf, spare_row=role == "verifier")  # a verifier's graph is batch-invariant
-        tokenizer.save_pretrained(out / TOKENIZER_DIR)  # a verifier export is loaded without its source model
+                                gguf, spare_row=role == "target")  # a target export's graph is batch-invariant
+        tokenizer.save_pretrained(out / TOKENIZER_DIR)  # a target export is loaded without its source model
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)  # no half-written export left behind
         raise

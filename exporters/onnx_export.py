@@ -143,7 +143,7 @@ def export_onnx_graphs(model, out: Path, profile: str, max_context: int, prefill
                        gguf: Path | None = None, spare_row: bool = False) -> dict[str, dict]:
     """Write the graphs of one export into `out` (phases "export", then "quantize"); returns
     {graph name: {"file", "block"}} (and, for quant "gguf", what was carried: gguf_blocks).
-    spare_row: the batch-invariant graph (ExplicitCacheDecoder), as a verifier export writes it."""
+    spare_row: the batch-invariant graph (ExplicitCacheDecoder), as a target export writes it."""
     phases = phases or PhaseLog()
     blocks = graph_blocks(profile, prefill_chunk)
     raw = out / "fp32"

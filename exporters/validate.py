@@ -3,7 +3,7 @@
 - fp32: logits within ATOL of PyTorch's on the CPU provider, for the prefill and decode paths;
 - fp16 / quantized: top-1 agreement >= TOP1_MIN and greedy equality of a 64-token continuation;
   mean KL(torch || export) reported;
-- for a draft export: the acceptance rate the export achieves as a draft for a verifier (by default the model it
+- for a draft export: the acceptance rate the export achieves as a draft for a target (by default the model it
   came from, so the rate measures what export and quantization cost; pass `target` for the real pair).
 - Core ML: on macOS the same numbers through Core ML; elsewhere Core ML cannot predict, so the
   package's spec (inputs, states, outputs, shapes, precision) is checked and numerics are skipped.
@@ -105,7 +105,7 @@ def validate_export(folder: str | Path, model=None, tokenizer=None, target=None,
     }
     report["checks"] = _checks(report, exact, limits, greedy_equal == len(PROMPTS))
     report["passed"] = all(c["passed"] for c in report["checks"])
-    if manifest.get("role", "draft") == "draft":  # a verifier export is the target: no draft acceptance
+    if manifest.get("role", "draft") == "draft":  # a target export: no draft acceptance
         report["acceptance_rate"] = _acceptance(lm, manifest, target or model, tokenizer)
     return report
 
@@ -117,11 +117,11 @@ def _acceptance(lm, manifest: dict, target, tokenizer) -> float | None:
     from mirrorsd.runtime.drafters.model import ModelDrafter
     from mirrorsd.runtime.replay import AcceptanceCounts, greedy_continuation, replay_acceptance
 
-    verifier, drafter, counts = TorchCausalLM(target), ModelDrafter(lm), AcceptanceCounts()
+    reference, drafter, counts = TorchCausalLM(target), ModelDrafter(lm), AcceptanceCounts()
     for text in PROMPTS:
         prompt = tokenizer(text)["input_ids"][: manifest["max_context"] // 2]
         room = min(CONTINUATION, manifest["max_context"] - len(prompt) - 1)
-        replay_acceptance(drafter, prompt, greedy_continuation(verifier, prompt, room), 4, counts)
+        replay_acceptance(drafter, prompt, greedy_continuation(reference, prompt, room), 4, counts)
     return counts.acceptance_rate
 
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, fields
 
 from mirrorsd.errors import ConfigError
 
-PIPELINE_MODES = ("auto", "sequential", "overlap", "branches")
+PIPELINE_MODES = ("auto", "off", "overlap", "branches")
+PIPELINE_ALIASES = {"sequential": "off"}  # earlier spellings, still accepted
 MAX_DRAFT_TOKENS = 256  # longer drafts than any verify pass pays for; a larger value is a mistake
 BRANCH_SOURCES = ("auto", "early_exit", "draft")
 
@@ -104,15 +105,16 @@ class SpeculativeConfig:
 
     pipeline: str = "auto"
     """How drafting and verification are scheduled:
-    "sequential": draft, then verify, on one thread (runtime/decode/loop.py, InlineProvider);
+    "off": no pipeline: draft, then verify, on one thread (runtime/decode/loop.py, InlineProvider; the
+    earlier spelling "sequential" is accepted);
     "overlap": a draft worker thread drafts step t+1 while the target verifies step t, assuming step t
     is fully accepted (runtime/decode/pipeline.py);
     "branches": overlap plus Mirror-SD early exit: the verify pass publishes its layer-l_e top-kappa
     tokens and the draft worker prepares the likeliest correction branches (targets whose backend
     declares early exit; others run as "overlap");
-    "auto": for a draft model, the faster of "sequential" and "overlap" as a one-time calibration on the
+    "auto": for a draft model, the faster of "off" and "overlap" as a one-time calibration on the
     request's placement measures them (runtime/decode/calibrate.py: a K-token verify pass and a draft token,
-    alone and side by side); "sequential" for model-free drafters (they draft in microseconds: nothing to
+    alone and side by side); "off" for model-free drafters (they draft in microseconds: nothing to
     hide).
     Output is identical in every mode."""
 
@@ -139,7 +141,7 @@ class SpeculativeConfig:
 
     draft_timeout_s: float = 30.0
     """A pipelined drafter that has not produced a draft this long after it was due is dropped for
-    the rest of the request (the model-free fallback serves on); output is unchanged."""
+    the rest of the request (the model-free helper serves on); output is unchanged."""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -149,6 +151,7 @@ class SpeculativeConfig:
                 f"{self.num_draft_tokens} and {self.max_draft_tokens}",
                 "typical values are 4-16; to decode without drafting, load the engine with draft='none'",
             )
+        object.__setattr__(self, "pipeline", PIPELINE_ALIASES.get(self.pipeline, self.pipeline))
         if self.pipeline not in PIPELINE_MODES:
             raise ConfigError(f"pipeline must be one of {', '.join(PIPELINE_MODES)}, got {self.pipeline!r}",
                               "use auto unless you are comparing modes")
@@ -225,6 +228,7 @@ class GenerationConfig:
             raise ConfigError("a stop string is not valid Unicode text (it holds a lone surrogate)",
                               "send stop strings as UTF-8 text")
         object.__setattr__(self, "stop", tuple(stop))
+        object.__setattr__(self, "pipeline", PIPELINE_ALIASES.get(self.pipeline, self.pipeline))
         self._check_structure()
         object.__setattr__(self, "sampling", _part(SamplingParams, self))
         object.__setattr__(self, "speculative", _part(SpeculativeConfig, self))

@@ -3,7 +3,7 @@
 Records: `Draft` (what a drafter proposes), `Step` (what one verify step committed) and `HintOutcome`
 (how a step with Mirror-SD branch candidates ended).
 Protocols:
-- `CausalLM`: one model on one device (a backend: torch, ONNX Runtime, Core ML, ...). The verifier is
+- `CausalLM`: one model on one device (a backend: torch, ONNX Runtime, Core ML, ...). The target is
   one; a model drafter drafts with one. Optional capabilities are *declared* as attributes that hold
   an implementation or None (`early_exit`, `threads`), never discovered by probing.
 - `Drafter`: proposes tokens. Its abilities are declared the same way: `model` (a `DraftModel`: it runs
@@ -59,7 +59,7 @@ class Step:
     source: str
     """The drafter that served this step ("none" for a plain decode step)."""
     draft_time: float
-    """Seconds the step waited for its draft (sequential: spent in propose)."""
+    """Seconds the step waited for its draft (pipeline off: spent in propose)."""
     verify_time: float
     """Seconds spent in score() + verify()."""
     fallback: str | None = None
@@ -75,7 +75,7 @@ class Step:
 
 
 BranchState = Literal["ready", "drafting", "queued", "none"]
-"""Where the branch for a step's actual outcome stood when the verifier reconciled (right after the pass):
+"""Where the branch for a step's actual outcome stood when the target reconciled (right after the pass):
 drafted to its planned length, still being drafted, planned but not started, or not planned at all."""
 
 
@@ -83,7 +83,7 @@ drafted to its planned length, still being drafted, planned but not started, or 
 class HintOutcome:
     """A hinted step measured against its hint (Mirror-SD branches; see GenerationStats.branch_coverage)."""
 
-    source: Literal["early_exit", "draft"]
+    branch_source: Literal["early_exit", "draft"]
     """Where the step's candidates came from: the target's layer-l_e top-kappa, or the draft model's own."""
     rejected_at: int | None
     """n_accepted when a drafted token was rejected; None when every drafted token was accepted."""
@@ -94,7 +94,7 @@ class HintOutcome:
     state: BranchState
     """The branch for (rejected_at or k, correction) at reconcile time."""
     planned: int | None
-    """Branches the draft worker planned for this step; None when its plan had not reached the verifier by
+    """Branches the draft worker planned for this step; None when its plan had not reached the target by
     reconcile (the worker was still busy with the token it was drafting when the hint came)."""
     ready: int = 0
     """Of the planned branches, those drafted to their planned length by reconcile."""
@@ -184,7 +184,7 @@ class CausalLM(Protocol):
         """Free the model's memory; the object is unusable afterwards."""
 
 
-Verifier = CausalLM
+Target = CausalLM
 """The target on its device: any CausalLM."""
 
 
@@ -209,8 +209,8 @@ class Drafter(Protocol):
     def start(self, config: GenerationConfig) -> None:
         """A new request begins with these settings (drafters that sample seed themselves here)."""
 
-    def propose(self, committed: Sequence[int], max_tokens: int) -> Draft:
-        """Up to max_tokens tokens likely to follow `committed`. An empty draft is a normal result."""
+    def propose(self, committed: Sequence[int], k: int) -> Draft:
+        """Up to k tokens likely to follow `committed`. An empty draft is a normal result."""
 
     def accepted(self, committed: Sequence[int], n_accepted: int) -> None:
         """Feedback after a verify step: `committed` now ends with the accepted tokens + 1."""
@@ -225,7 +225,7 @@ class DraftModel(Protocol):
     """Where the model reports its top candidates at each drafted position (the distribution it computes
     anyway): Mirror-SD branches can then come from the draft instead of the target's early exit."""
 
-    def propose_iter(self, committed: Sequence[int], max_tokens: int) -> Iterator[tuple[int, np.ndarray | None]]:
+    def propose_iter(self, committed: Sequence[int], k: int) -> Iterator[tuple[int, np.ndarray | None]]:
         """Draft tokens one at a time: (token, its q row, or None when drafting greedily)."""
 
     def close(self) -> None:
@@ -233,7 +233,7 @@ class DraftModel(Protocol):
 
 
 class Ranking(Protocol):
-    def propose_ranked(self, committed: Sequence[int], max_tokens: int,
+    def propose_ranked(self, committed: Sequence[int], k: int,
                        kappa: int) -> Iterator[tuple[int, np.ndarray | None, np.ndarray, np.ndarray]]:
         """As propose_iter, each token with the top-kappa ids [kappa] and log-probabilities [kappa] of the
         distribution it was drafted from (after the request's sampling processing), likeliest first."""

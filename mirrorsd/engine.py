@@ -28,7 +28,7 @@ from mirrorsd.runtime.decode.plan import DecodePlan, make_plan, run_plan
 from mirrorsd.runtime.decode.step import StepCore
 from mirrorsd.runtime.decode.threads import Placement, cpu_draft_threads, overlap_threads, pinned
 from mirrorsd.runtime.drafters.chain import ChainDrafter
-from mirrorsd.runtime.drafters.factory import fallback_for, make_drafter
+from mirrorsd.runtime.drafters.factory import helper_for, make_drafter
 from mirrorsd.runtime.timeline import Timeline
 from mirrorsd.structured import GrammarConstraint, Grammars, grammar_text
 
@@ -95,7 +95,7 @@ class Engine:
     the others wait their turn. Use as a context manager or call close().
 
     target: a CausalLM (runtime/backends/), or a transformers model, run on the torch backend.
-    fallback: the model-free drafter beside a draft model (Engine.load: n-gram, see fallback_for). The
+    helper: the model-free drafter beside a draft model (Engine.load: n-gram, see helper_for). The
     pipeline lets it serve steps where its draft beats waiting for the model's; it takes over when
     `drafter` fails mid-request. None: plain decoding takes over.
     eos_ids: token ids that end a reply (default: the tokenizer's EOS, and a transformers model's own)."""
@@ -110,19 +110,19 @@ class Engine:
     turn; mirrorsd/chat_tokens.py). True: it becomes control tokens, as a plain template render does."""
 
     def __init__(self, target, tokenizer, drafter: Drafter | None = None, device: torch.device | str | None = None,
-                 name: str = "target", fallback: Drafter | None = None, eos_ids: frozenset[int] | None = None) -> None:
+                 name: str = "target", helper: Drafter | None = None, eos_ids: frozenset[int] | None = None) -> None:
         if isinstance(target, CausalLM):
-            self.verifier = target
+            self.target = target
             default_eos = eos_ids_of(None, tokenizer)
         else:
-            self.verifier = TorchCausalLM(target, device)
+            self.target = TorchCausalLM(target, device)
             default_eos = eos_ids_of(target, tokenizer)
         self.tokenizer = tokenizer
         self.drafter = make_drafter(drafter, tokenizer, name)
-        self.fallback = fallback
+        self.helper = helper
         self.name = name
         self.eos_ids = default_eos if eos_ids is None else frozenset(eos_ids)
-        self.grammars = Grammars(tokenizer, self.verifier.vocab_size, self.eos_ids)
+        self.grammars = Grammars(tokenizer, self.target.vocab_size, self.eos_ids)
         self.calibrations: dict[tuple, Costs] = {}
         # Set by Engine.load: the models as loaded (names, backends, devices, dtypes), under which calibrations
         # are kept across processes in calibration_store. None (an engine built from objects): this engine only.
@@ -135,14 +135,14 @@ class Engine:
     def load(cls, target: str = "smollm2-135m", draft: str | Drafter | None = "auto", device: str | None = "auto",
              dtype: str | torch.dtype | None = "auto", draft_device: str | None = None,
              draft_dtype: str | torch.dtype | None = None, progress: bool = False,
-             verifier_device: str | None = None, backend: str = "auto", draft_backend: str | None = None,
+             backend: str = "auto", draft_backend: str | None = None,
              allow_inexact: bool = False) -> "Engine":
         """Load a target and pick a drafter.
 
         draft: see mirrorsd.runtime.drafters.make_drafter: "auto" (best available; on a machine without
         an NPU the model-free chain), "ngram", "retrieval[:PATH]", "chain[:PATH]", "none"/None, a model
         argument for an independent draft model, an export folder, or a Drafter instance.
-        device / verifier_device (alias): the target's device. draft_device: a draft model's device, or
+        device: the target's device. draft_device: a draft model's device, or
         the backend for an export (cpu, coreml, qnn, openvino, dml, vitisai, cuda).
         backend / draft_backend: the model backends (runtime/backends/): "auto" (llama.cpp for a GGUF model,
         i.e. every catalog model and .gguf files, where llama-cpp-python is installed; else torch),
@@ -152,7 +152,6 @@ class Engine:
         (`exact_batches` False: greedy output may then part from target-only decoding where two logits
         nearly tie); without it such a target decodes alone, and says so.
         """
-        device = verifier_device or device
         loaded = load_lm(target, backend, device=device, dtype=dtype, progress=progress)
         if draft == "auto" and not loaded.lm.exact_batches and not allow_inexact:
             log.warning("%s on %s: verify passes are not batch-invariant, so draft 'auto' does not speculate "
@@ -162,7 +161,7 @@ class Engine:
                                dtype=draft_dtype or dtype, backend=draft_backend or backend, progress=progress,
                                export_device=draft_device,
                                export_threads=cpu_draft_threads(loaded.lm.computes_on))
-        engine = cls(loaded.lm, loaded.tokenizer, drafter, name=target, fallback=fallback_for(drafter),
+        engine = cls(loaded.lm, loaded.tokenizer, drafter, name=target, helper=helper_for(drafter),
                      eos_ids=loaded.eos_ids)
         if isinstance(draft, str) and drafter is not None and drafter.model is not None:
             from mirrorsd.catalog import cache_dir
@@ -174,13 +173,13 @@ class Engine:
             engine.calibration_store = CalibrationStore(cache_dir() / "calibrations.json")
         return engine
 
-    def with_drafter(self, drafter: str | Drafter | None, fallback: Drafter | None | str = "auto") -> "Engine":
+    def with_drafter(self, drafter: str | Drafter | None, helper: Drafter | None | str = "auto") -> "Engine":
         """The same target (model, caches, tokenizer, lock) with another drafter, e.g. to compare drafters
-        on one loaded model. fallback "auto": as Engine.load pairs them (n-gram beside a draft model)."""
+        on one loaded model. helper "auto": as Engine.load pairs them (n-gram beside a draft model)."""
         self._check_open()
         drafter = make_drafter(drafter, self.tokenizer, self.name)
-        other = Engine(self.verifier, self.tokenizer, drafter, name=self.name,
-                       fallback=fallback_for(drafter) if fallback == "auto" else fallback, eos_ids=self.eos_ids)
+        other = Engine(self.target, self.tokenizer, drafter, name=self.name,
+                       helper=helper_for(drafter) if helper == "auto" else helper, eos_ids=self.eos_ids)
         other._lock = self._lock  # one request at a time on the shared target
         other.grammars, other.placement, other.calibrations = self.grammars, self.placement, self.calibrations
         return other
@@ -208,8 +207,8 @@ class Engine:
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
                                                        for t in prompt):
             ids = [int(t) for t in prompt]
-            if any(not 0 <= t < self.verifier.vocab_size for t in ids):
-                raise PromptError(f"prompt token ids must be in [0, {self.verifier.vocab_size}) for {self.name}",
+            if any(not 0 <= t < self.target.vocab_size for t in ids):
+                raise PromptError(f"prompt token ids must be in [0, {self.target.vocab_size}) for {self.name}",
                                   "encode text with this model's tokenizer (engine.encode)")
         else:
             raise PromptError(f"a prompt is a string, a list of chat messages or a list of token ids; got "
@@ -219,7 +218,7 @@ class Engine:
         ids = list(ids)
         if not ids:
             raise PromptError("the prompt is empty", "give some text to continue, or chat messages")
-        limit = self.verifier.max_context
+        limit = self.target.max_context
         if len(ids) >= limit:
             raise PromptError(
                 f"the prompt is {len(ids)} tokens; {self.name}'s context window is {limit}",
@@ -270,8 +269,8 @@ class Engine:
         mode = cfg.pipeline
         if mode == "auto":
             mode = (calibration(cfg.num_draft_tokens).mode
-                    if self.drafter is not None and self.drafter.model is not None else "sequential")
-        return make_plan(self.verifier, self.drafter, cfg, mode, self.placement)
+                    if self.drafter is not None and self.drafter.model is not None else "off")
+        return make_plan(self.target, self.drafter, cfg, mode, self.placement)
 
     def prepare(self, config: GenerationConfig | None = None) -> None:
         """Measure what speculation with `config` needs on this placement, between requests: the target's
@@ -280,21 +279,21 @@ class Engine:
         before a request starts (a first request waits for it, but its time and stats hold none of it); call it
         after loading to pay it up front. ConfigError for a config this engine cannot plan."""
         cfg = config or GenerationConfig()
-        with self._lock, pinned(self.placement.verify_core, self.verifier.threads):  # as the requests will run
+        with self._lock, pinned(self.placement.verify_core, self.target.threads):  # as the requests will run
             self._plan(cfg, self._calibration)
             if self.drafter is not None and uses_cost_schedule(cfg):
                 self._verify_curve(cfg.max_draft_tokens)
 
     def _verify_curve(self, max_k: int) -> None:
-        if verify_curve.covers(verify_curve.known(self.verifier), max_k):
+        if verify_curve.covers(verify_curve.known(self.target), max_k):
             return
         kept = self._store_key("verify curve")
         curve = None if kept is None else self.calibration_store.get_curve(kept)
         if not verify_curve.covers(curve, max_k):
-            curve = verify_curve.measure(self.verifier, min(max_k, verify_curve.MAX_K))
+            curve = verify_curve.measure(self.target, min(max_k, verify_curve.MAX_K))
             if kept is not None:
                 self.calibration_store.put_curve(kept, curve)
-        verify_curve.remember(self.verifier, curve)
+        verify_curve.remember(self.target, curve)
 
     def _store_key(self, what: int | str) -> str | None:
         """The key under which calibration_store keeps `what` for these models here (None: not kept)."""
@@ -317,8 +316,8 @@ class Engine:
             kept = self._store_key(key[2])
             costs = None if kept is None else self.calibration_store.get(kept)
             if costs is None:
-                threads = None if self.placement.pinned else overlap_threads(self.verifier, self.drafter)
-                costs = calibrate(self.verifier, self.drafter.model, key[2], self.placement, threads)
+                threads = None if self.placement.pinned else overlap_threads(self.target, self.drafter)
+                costs = calibrate(self.target, self.drafter.model, key[2], self.placement, threads)
                 if kept is not None:
                     self.calibration_store.put(kept, costs)
             self.calibrations[key] = costs
@@ -327,17 +326,17 @@ class Engine:
 
     def _run(self, ids: list[int], cfg: GenerationConfig, trace: str | None,
              constraint: GrammarConstraint | None) -> Iterator[Event]:
-        with self._lock, pinned(self.placement.verify_core, self.verifier.threads):  # pinned: the verify side is this thread
+        with self._lock, pinned(self.placement.verify_core, self.target.threads):  # pinned: the verify side is this thread
             self._check_open()
             start = time.perf_counter()
             plan = self._plan(cfg, self._calibration)  # calibrated by prepare, before the request
             timeline = Timeline()
             recorder = self._recorder(ids, plan, timeline)
             reply = _Reply(self.tokenizer, cfg, self.eos_ids)
-            budget = min(cfg.max_new_tokens, self.verifier.max_context - len(ids))
-            core = StepCore(self.verifier, ids, cfg, budget, timeline, overlapped=plan.mode != "sequential",
+            budget = min(cfg.max_new_tokens, self.target.max_context - len(ids))
+            core = StepCore(self.target, ids, cfg, budget, timeline, overlapped=plan.mode != "off",
                             constraint=constraint)
-            steps = run_plan(core, self.drafter, self.fallback, plan)
+            steps = run_plan(core, self.drafter, self.helper, plan)
             try:
                 for index, step in enumerate(steps):
                     kept = reply.kept(step)
@@ -360,10 +359,10 @@ class Engine:
     def _recorder(self, ids: list[int], plan: DecodePlan, timeline: Timeline) -> StatsRecorder:
         chain = tuple(d.name for d in self.drafter.drafters) if isinstance(self.drafter, ChainDrafter) else ()
         # prompt caching: the prefix this request shares with the cache (at least one token is always fed)
-        cached = min(self.verifier.cached_prefix(ids), len(ids) - 1)
+        cached = min(self.target.cached_prefix(ids), len(ids) - 1)
         return StatsRecorder(timeline, prompt_tokens=len(ids), cached_prompt_tokens=cached, pipeline=plan.mode,
-                             backend=self.verifier.backend, chain=chain,
-                             exact=self.drafter is None or self.verifier.exact_batches)
+                             backend=self.target.backend, chain=chain,
+                             exact=self.drafter is None or self.target.exact_batches)
 
     def _learn_from(self, ids: list[int], reply: "_Reply") -> None:
         """A learning drafter (a datastore) takes in a finished reply; learning is best-effort."""
@@ -377,14 +376,14 @@ class Engine:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Forget every model's KV cache (the verifier's and a draft model's): the next request prefills its
+        """Forget every model's KV cache (the target's and a draft model's): the next request prefills its
         whole prompt, as a first request does. Otherwise a request reuses the longest prefix it shares with
         the one before (prompt caching: a chat's next turn prefills only the new turn), which
         `stats.cached_prompt_tokens` reports. Benchmarks reset before every timed request."""
         with self._lock:
             self._check_open()
-            self.verifier.reset()
-            for drafter in (self.drafter, self.fallback):
+            self.target.reset()
+            for drafter in (self.drafter, self.helper):
                 if drafter is not None and drafter.model is not None:
                     drafter.model.lm.reset()
 
@@ -397,10 +396,10 @@ class Engine:
             if self.closed:
                 return
             self.closed = True
-            for drafter in (self.drafter, self.fallback):
+            for drafter in (self.drafter, self.helper):
                 if drafter is not None and drafter.model is not None:
                     drafter.model.close()
-            self.verifier.close()
+            self.target.close()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
 

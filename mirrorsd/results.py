@@ -29,12 +29,12 @@ class GenerationStats:
     """Speculation statistics of one request (a snapshot; events carry the running one)."""
 
     prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0  # of those, the ones the verifier's KV cache held from the request before
+    cached_prompt_tokens: int = 0  # of those, the ones the target's KV cache held from the request before
     generated_tokens: int = 0
     verify_steps: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
-    draft_time_s: float = 0.0  # the draft worker's busy time (in sequential mode: time spent in propose)
+    draft_time_s: float = 0.0  # the draft worker's busy time (with the pipeline off: time spent in propose)
     verify_time_s: float = 0.0  # the target's busy time: verify passes, prompt prefill included
     draft_hidden_s: float = 0.0  # drafting time that overlapped a verify pass (pipeline modes)
     total_time_s: float = 0.0
@@ -46,7 +46,7 @@ class GenerationStats:
     drafter_tokens: dict[str, tuple[int, int]] = field(default_factory=dict)  # source -> (drafted, accepted) tokens
     chain: tuple[str, ...] = ()  # the members' sources when the engine drafts with a chain (they share its steps)
     fallbacks: tuple[str, ...] = ()  # drafters dropped during the request, with the reason
-    pipeline: str = "sequential"  # the mode that ran: sequential, overlap or branches
+    pipeline: str = "off"  # the mode that ran: off, overlap or branches
     backend: str = ""  # the target's model backend and device: "torch:cpu", "llamacpp:cpu", "llamacpp:gpu", ...
     exact: bool = True  # the target's verify passes are batch-invariant (CausalLM.exact_batches): drafts
     # change no token; False: speculation ran on an inexact backend (allow_inexact or an explicit drafter)
@@ -57,8 +57,8 @@ class GenerationStats:
     hinted_rejections: int = 0  # of those, steps where a drafted token was rejected
     hinted_covered: int = 0  # of those rejections, the ones whose correction was among the candidates
     branches_planned: int = 0  # branches the draft worker planned, over hinted steps whose plan arrived in time
-    branches_ready: int = 0  # of those, drafted to their planned length when the verifier reconciled
-    branch_plans_late: int = 0  # hinted steps whose plan had not reached the verifier when it reconciled
+    branches_ready: int = 0  # of those, drafted to their planned length when the target reconciled
+    branch_plans_late: int = 0  # hinted steps whose plan had not reached the target when it reconciled
     branch_states: dict[str, int] = field(default_factory=dict)  # hinted rejections by the state of the
     # branch for their actual outcome at reconcile: ready, drafting, queued (planned, not started), none
 
@@ -75,7 +75,7 @@ class GenerationStats:
     @property
     def acceptance_by_drafter(self) -> dict[str, float]:
         """Accepted / drafted tokens per source that drafted: a draft model's own rate, apart from that of the
-        n-gram drafter that may serve some steps beside it (the pipeline's quick draft, a fallback)."""
+        n-gram drafter that may serve some steps beside it (the pipeline's helper)."""
         return acceptance_by_source(self.drafter_tokens)
 
     @property
@@ -90,7 +90,7 @@ class GenerationStats:
 
     @property
     def hidden_draft_share(self) -> float | None:
-        """Share of drafting time hidden behind verification (0 when sequential)."""
+        """Share of drafting time hidden behind verification (0 with the pipeline off)."""
         return self.draft_hidden_s / self.draft_time_s if self.draft_time_s > 0 else None
 
     @property
@@ -115,7 +115,7 @@ class GenerationStats:
 
     @property
     def branches_ready_share(self) -> float | None:
-        """Share of the planned branches drafted to their planned length by the time the verifier reconciled
+        """Share of the planned branches drafted to their planned length by the time the target reconciled
         (right after the pass), over the steps whose plan had arrived by then."""
         return self.branches_ready / self.branches_planned if self.branches_planned else None
 
@@ -227,7 +227,7 @@ class StatsRecorder:
 
     def _add_hint(self, hint) -> None:
         s = self.values
-        s["branch_source"] = hint.source
+        s["branch_source"] = hint.branch_source
         s["hinted_steps"] += 1
         if hint.rejected_at is not None:
             s["hinted_rejections"] += 1

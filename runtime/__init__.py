@@ -1,1 +1,1 @@
-"""mirrorsd.runtime: execution. The verifier backend (torch), the drafters and the draft-verify loop."""
+"""mirrorsd.runtime: execution. The target backends, the drafters and the draft-verify loop."""

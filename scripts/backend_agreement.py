@@ -1,7 +1,7 @@
 """Greedy agreement of model backends with llama.cpp on the same GGUF: target-only continuations of the
 bench prompts (greedy ones), per backend, against llama.cpp's; where one diverges, llama.cpp's top-2 logit
 gap at that position (a near-tie or not). Also each backend's target-only tokens/s on those prompts.
-Why: an ONNX verifier export either carries the GGUF's blocks (--quant gguf) or requantizes them
+Why: an ONNX Runtime export either carries the GGUF's blocks (--quant gguf) or requantizes them
 (--quant int4); this measures how close each decodes to the file llama.cpp runs (docs/backends.md).
 
     .venv/bin/python scripts/backend_agreement.py --onnx-export /tmp/vx/q15-gguf /tmp/vx/q15-int4 \
@@ -59,10 +59,10 @@ def main() -> None:
                 firsts.append(str(len(ref)))
                 continue
             firsts.append(str(first))
-            logits = reference.verifier.score(ids + ref[:first])[-1].float()
+            logits = reference.target.score(ids + ref[:first])[-1].float()
             top = logits.topk(2).values
             gaps.append(f"{(top[0] - top[1]).item():.3f}")
-            reference.verifier.reset()
+            reference.target.reset()
         print(f"| onnx {Path(folder).name} | {rate:.2f} | {same}/{len(prompts)} | {' '.join(firsts)} "
               f"| {' '.join(gaps) or '-'} |")
 

@@ -62,7 +62,7 @@ def torch_configs(model, tokenizer, args, work: Path) -> dict:
 
 
 def onnx_configs(model, tokenizer, args, work: Path) -> dict:
-    from mirrorsd.exporters import export_draft, export_verifier
+    from mirrorsd.exporters import export_draft, export_target
     from mirrorsd.runtime.backends.exported import load_export_lm
 
     configs = {}
@@ -70,7 +70,7 @@ def onnx_configs(model, tokenizer, args, work: Path) -> dict:
         plain, spare = work / f"{quant}-plain", work / f"{quant}-spare"
         export_draft(copy.deepcopy(model), plain, profile="dynamic", quant=quant, max_context=1024,
                      tokenizer=tokenizer, validate=False)
-        export_verifier(copy.deepcopy(model), spare, quant=quant, max_context=1024, tokenizer=tokenizer,
+        export_target(copy.deepcopy(model), spare, quant=quant, max_context=1024, tokenizer=tokenizer,
                         validate=False)
         configs[f"{quant}, no spare row"] = load_export_lm(plain, threads=args.threads)
         configs[f"{quant}, spare row (the verifier export)"] = load_export_lm(spare, threads=args.threads)

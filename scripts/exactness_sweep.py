@@ -19,7 +19,7 @@ from pathlib import Path
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.apps.prompt_suite import bundled_suite
 
-MODES = ("sequential", "overlap", "branches")
+MODES = ("off", "overlap", "branches")
 
 
 def drafters(engine: Engine, target: str, draft_model: str | None, backend: str) -> dict:
@@ -80,7 +80,7 @@ def main() -> int:
         if close is not None:
             close()
     table = "\n".join([
-        f"{Path(args.target).name} on {engine.verifier.backend} (exact_batches {engine.verifier.exact_batches}), "
+        f"{Path(args.target).name} on {engine.target.backend} (exact_batches {engine.target.exact_batches}), "
         f"{len(prompts)} greedy prompts of the bench suite, {args.max_new_tokens} new tokens"
         + (f"; draft model {Path(args.draft_model).name}" if args.draft_model else "") + ":", "",
         "| drafter | mode | prompts | differing from target-only | drafted | accepted |",

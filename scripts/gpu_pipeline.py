@@ -28,7 +28,7 @@ from mirrorsd import Engine, GenerationConfig
 from mirrorsd.runtime.decode import step as step_core
 from mirrorsd.runtime.decode.gate import SpeculationGate
 
-MODES = ("sequential", "overlap", "branches", "auto")
+MODES = ("off", "overlap", "branches", "auto")
 
 
 @contextmanager
@@ -75,7 +75,7 @@ def run_row(engine: Engine, prompts: list, mode: str, tokens: int, reference: li
     return {"mode": shown, "tokens": n, "seconds": round(seconds, 3), "tok_s": round(n / seconds, 2),
             "verify_steps": steps, "tokens_per_step": round(n / steps, 2) if steps else None,
             "acceptance": round(accepted / drafted, 3) if drafted else None,
-            "hidden_share": round(hidden_s / draft_s, 3) if draft_s and mode != "sequential" else None,
+            "hidden_share": round(hidden_s / draft_s, 3) if draft_s and mode != "off" else None,
             "draft_s": round(draft_s, 3), "verify_s": round(verify_s, 3), "served": served,
             "greedy_equal": f"{equal}/{len(prompts)}", "token_ids": texts}
 
@@ -122,7 +122,7 @@ def main() -> None:
 
     engine = Engine.load(args.target, draft="none", device=args.device, backend="torch", dtype="float32")
     engine.generate(prompts[0], GenerationConfig(max_new_tokens=32))  # warm-up: kernels, allocator
-    rows = [dict(config="target only", gate="-", **run_row(engine, prompts, "sequential", args.max_new_tokens,
+    rows = [dict(config="target only", gate="-", **run_row(engine, prompts, "off", args.max_new_tokens,
                                                                None))]
     reference = rows[0]["token_ids"]
     print(f"target only: {rows[0]['tok_s']} tok/s", flush=True)
@@ -140,8 +140,8 @@ def main() -> None:
             print(f"{label}: {rows[-1]['error']}", flush=True)
             continue
         with gate_open(True):  # warm-up: every verify shape seen once, so no row pays first-use costs
-            drafted.generate(prompts[0], GenerationConfig(max_new_tokens=32, pipeline="sequential"))
-        modes = ("sequential",) if draft == "chain" else MODES
+            drafted.generate(prompts[0], GenerationConfig(max_new_tokens=32, pipeline="off"))
+        modes = ("off",) if draft == "chain" else MODES
         for held_open in (False, True):
             with gate_open(held_open):
                 for mode in modes:

@@ -44,14 +44,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-fallback", action="store_true", help="no inline n-gram drafts in the pipeline")
     ap.add_argument("--draft-backend", default=None, help="the draft model's backend (default: auto)")
-    ap.add_argument("--rows", default="sequential,overlap", help="which modes to run")
+    ap.add_argument("--rows", default="off,overlap", help="which modes to run")
     args = ap.parse_args()
     prompts = [json.loads(line)["messages"] for line in open(args.prompts) if line.strip()]
     engine = Engine.load(args.target, draft=args.draft, backend="torch", dtype="float32",
                          draft_backend=args.draft_backend)
     engine.placement = CorePins.first_two().placement()
     if args.no_fallback:
-        engine = engine.with_drafter(engine.drafter, fallback=None)
+        engine = engine.with_drafter(engine.drafter, helper=None)
     print(f"draft {engine.drafter.name}; pinned; {len(prompts)} prompts, {args.max_new_tokens} new tokens, greedy")
     print("| round | mode | tok/s | tok/s without each request's first step | draft hidden | tokens/step |\n"
           "|---|---|---|---|---|---|")

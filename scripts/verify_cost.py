@@ -6,7 +6,7 @@ at run time; this prints the curve). Each backend loads the same catalog model: 
 linear layers on the CPU) and llama.cpp on the GGUF file as it is.
 
     .venv/bin/python scripts/verify_cost.py [--target qwen2.5-coder-1.5b] [--backends torch llamacpp onnx]
-        [--onnx-export DIR [DIR ...]]   # the onnx backend runs `mirrorsd export --role verifier` folders
+        [--onnx-export DIR [DIR ...]]   # the onnx backend runs `mirrorsd export --role target` folders
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = {}
     if "onnx" in args.backends and not args.onnx_export:
-        raise SystemExit("--backends onnx needs --onnx-export DIR (mirrorsd export --role verifier)")
+        raise SystemExit("--backends onnx needs --onnx-export DIR (mirrorsd export --role target)")
     runs = [(b, args.target) for b in args.backends if b != "onnx"]
     runs += [("onnx", d) for d in args.onnx_export if "onnx" in args.backends]
     for backend, model in runs:

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     with Engine.load(target=args.target, draft=args.draft, device=args.device, draft_device=args.draft_device,
                      dtype=args.dtype) as engine:
         drafter = engine.drafter
-        print(f"target on {engine.verifier.backend} (computes on the {engine.verifier.computes_on})")
+        print(f"target on {engine.target.backend} (computes on the {engine.target.computes_on})")
         where = computes_on(drafter)
         print("drafter: " + ("none" if drafter is None else
                              f"{drafter.name} on the {where}" if where else f"{drafter.name} on the host CPU"))

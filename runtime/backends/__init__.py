@@ -87,7 +87,7 @@ def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress:
 
 
 def _load_onnx(spec: str, device: str | None = "auto", dtype=None, progress: bool = False) -> LoadedModel:
-    """An export folder (`mirrorsd export --role verifier`) on ONNX Runtime: the CUDA provider where it is
+    """An export folder (`mirrorsd export --role target`) on ONNX Runtime: the CUDA provider where it is
     installed (device auto/cuda; the KV cache then stays on the GPU), else the CPU provider on the
     physical cores. dtype does not apply: the export's precision and quantization are used."""
     from pathlib import Path
@@ -101,15 +101,15 @@ def _load_onnx(spec: str, device: str | None = "auto", dtype=None, progress: boo
 
     if not is_export(spec):
         raise ConfigError(f"the onnx backend runs an export folder, and {spec!r} is not one",
-                          f"export it once: mirrorsd export --role verifier --model {spec} --out DIR "
+                          f"export it once: mirrorsd export --role target --model {spec} --out DIR "
                           "--quant int4, then pass DIR as the model")
     manifest = read_manifest(spec)
     if manifest["format"] != "onnx":
         raise ConfigError(f"{spec} is a {manifest['format']} export; the onnx backend runs ONNX exports",
-                          "export with --format onnx --role verifier")
+                          "export with --format onnx --role target")
     if not (Path(spec) / TOKENIZER_DIR).is_dir():
         raise ExportError(f"{spec} holds no tokenizer (exported by an older mirrorsd)",
-                          "re-export it with `mirrorsd export --role verifier`")
+                          "re-export it with `mirrorsd export --role target`")
     tokenizer = AutoTokenizer.from_pretrained(Path(spec) / TOKENIZER_DIR)
     provider = onnx_provider(device)
     lm = load_export_lm(spec, manifest, provider, threads=physical_cores() if provider == "cpu" else None)

@@ -33,7 +33,7 @@ PREFILL_MIN = 4  # missing tokens from which a padded prefill chunk beats that m
 
 
 EXACT_QUANTS = ("none", "int4", "gguf")
-"""Weights whose verifier graph (one with a spare row: exporters/decoder.py) is batch-invariant on the CPU
+"""Weights whose target graph (one with a spare row: exporters/decoder.py) is batch-invariant on the CPU
 provider in float32, as checked by the tests. int8's activations are quantized with one scale per tensor, so
 a row's bits depend on the rows beside it; fp16 runs other kernels."""
 

@@ -1,7 +1,7 @@
 """Mirror-SD branch planning, pure: which (rejection point, correction) branches to draft during a pass.
 
 The verify pass publishes, at layer l_e, the top-kappa tokens of each of its k+1 rows (a `Hint`); with
-branch_source "draft", the verifier sends the draft model's own top-kappa at each drafted position instead,
+branch_source "draft", the target sends the draft model's own top-kappa at each drafted position instead,
 as the pass starts. With p~ that distribution, the step reaches draft position i with probability
 prod_{j<i} p~_j(draft_j) and then commits x != draft_i with probability p~_i(x). Position k (every
 draft token accepted) is a branch point too, for bonus tokens other than the lookahead's own guess.
@@ -30,7 +30,7 @@ class Hint:
     # base_len + i; rows is k+1, or k when the draft's candidates for the bonus position are not known yet
     top_logp: np.ndarray  # [rows, kappa] their log-probabilities
     deadline: float  # perf_counter() time the verify pass is expected to end
-    max_tokens: int  # draft at most this many tokens per branch
+    branch_k: int  # draft at most this many tokens per branch
     alpha: float | None = None  # the draft's candidates: where the step ends comes from the measured
     # acceptance rate instead (a draft is sure of its own tokens), which candidate from their probabilities
 
@@ -80,8 +80,8 @@ def plan_branches(hint: Hint, seq: list[int], token_seconds: float | None, now: 
     if own_bonus is None or len(hint.top_ids) <= k:  # no guess or no candidates at the bonus position yet:
         lookahead_score = reach * (hint.alpha if hint.alpha is not None else 1.0)  # (at most) all k pass
     candidates = sorted((c for c in candidates if c.score >= MIN_BRANCH_SCORE), key=lambda c: -c.score)
-    budget = int((hint.deadline - now) / token_seconds) if token_seconds else 0
-    chosen = candidates[: max(0, min(len(candidates), budget))]
+    affordable = int((hint.deadline - now) / token_seconds) if token_seconds else 0
+    chosen = candidates[: max(0, min(len(candidates), affordable))]
     for c in chosen:
-        c.left = max(1, min(hint.max_tokens, budget // len(chosen)))
+        c.left = max(1, min(hint.branch_k, affordable // len(chosen)))
     return BranchPlan(chosen, lookahead_score)

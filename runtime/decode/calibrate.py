@@ -1,4 +1,4 @@
-"""pipeline="auto": overlap or sequential, decided from measured costs, once per placement.
+"""pipeline="auto": overlap or off, decided from measured costs, once per placement.
 
 The pipeline pays when drafting and verifying side by side take less time per step than one after the other.
 Where the two models compute (CPU cores shared or split, an NPU, a GPU) changes what each costs when the other
@@ -29,7 +29,7 @@ from mirrorsd.runtime.decode.threads import Placement, pinned
 
 log = logging.getLogger("mirrorsd")
 
-OVERLAP_MARGIN = 0.95  # overlap must promise 5% or more: within that, sequential is the simpler schedule
+OVERLAP_MARGIN = 0.95  # overlap must promise 5% or more: within that, the pipeline stays off (the simpler schedule)
 CONTEXT_TOKENS = 64  # the calibration's context: a short prompt's worth
 REPEATS = 3
 
@@ -39,10 +39,10 @@ class Costs:
     """Seconds measured on one placement."""
 
     k: int
-    verify_s: float  # a k-token verify pass, the verifier alone
+    verify_s: float  # a k-token verify pass, the target alone
     draft_token_s: float  # one draft token, the drafter alone
     verify_shared_s: float  # the same pass while the drafter drafts beside it
-    draft_token_shared_s: float  # one draft token while the verifier verifies beside it
+    draft_token_shared_s: float  # one draft token while the target verifies beside it
 
     @property
     def sequential_s(self) -> float:
@@ -54,7 +54,7 @@ class Costs:
 
     @property
     def mode(self) -> str:
-        return "overlap" if self.overlap_s < OVERLAP_MARGIN * self.sequential_s else "sequential"
+        return "overlap" if self.overlap_s < OVERLAP_MARGIN * self.sequential_s else "off"
 
     @classmethod
     def from_dict(cls, d: dict) -> Costs:
@@ -72,22 +72,22 @@ class Costs:
                 "mode": self.mode}
 
 
-def calibrate(verifier: CausalLM, drafter: DraftModel, k: int, placement: Placement = Placement(),
+def calibrate(target: CausalLM, drafter: DraftModel, k: int, placement: Placement = Placement(),
               threads: tuple[int, int] | None = None) -> Costs:
     """Measure `Costs` with the request's placement: pinned (separate cores), or threads (verify, draft) the
     pipeline would give each side of a shared CPU. Both models' caches are reset afterwards."""
-    draft_lm, token = drafter.lm, min(100, verifier.vocab_size - 1, drafter.lm.vocab_size - 1)
+    draft_lm, token = drafter.lm, min(100, target.vocab_size - 1, drafter.lm.vocab_size - 1)
     context, draft = [token] * CONTEXT_TOKENS, [token] * k
     verify_core, draft_core = placement.verify_core, placement.draft_core
     try:
-        with pinned(verify_core, verifier.threads):
-            verifier.score(context, [])  # prefill: the passes below score the draft only
+        with pinned(verify_core, target.threads):
+            target.score(context, [])  # prefill: the passes below score the draft only
             draft_lm.score(context, [])
-            verify_s = _median(lambda: verifier.score(context, draft))
+            verify_s = _median(lambda: target.score(context, draft))
             draft_token_s = _median(lambda: draft_lm.score(context + context[:1], []))  # one decode step
-            shared = _side_by_side(verifier, draft_lm, context, draft, draft_core, threads)
+            shared = _side_by_side(target, draft_lm, context, draft, draft_core, threads)
     finally:
-        verifier.reset()
+        target.reset()
         draft_lm.reset()
     return Costs(k, verify_s, draft_token_s, *shared)
 
@@ -101,7 +101,7 @@ def _median(run) -> float:
     return statistics.median(times)
 
 
-def _side_by_side(verifier: CausalLM, draft_lm: CausalLM, context: list[int], draft: list[int],
+def _side_by_side(target: CausalLM, draft_lm: CausalLM, context: list[int], draft: list[int],
                   draft_core: int | None, threads: tuple[int, int] | None) -> tuple[float, float]:
     """Verify passes here while a thread drafts (decode steps on the draft model) until they are done."""
     done, counted = threading.Event(), []
@@ -120,19 +120,19 @@ def _side_by_side(verifier: CausalLM, draft_lm: CausalLM, context: list[int], dr
             if saved is not None:
                 control.set_threads(saved)
 
-    saved = verifier.threads.get_threads() if threads and verifier.threads is not None else None
+    saved = target.threads.get_threads() if threads and target.threads is not None else None
     if saved is not None:
-        verifier.threads.set_threads(threads[0])
+        target.threads.set_threads(threads[0])
     worker = threading.Thread(target=drafting, name="mirrorsd-calibrate", daemon=True)
     worker.start()
     try:
         time.sleep(0.01)  # let the draft side start
-        verify_shared_s = _median(lambda: verifier.score(context, draft))
+        verify_shared_s = _median(lambda: target.score(context, draft))
     finally:
         done.set()
         worker.join()
         if saved is not None:
-            verifier.threads.set_threads(saved)
+            target.threads.set_threads(saved)
     return verify_shared_s, counted[0]
 
 

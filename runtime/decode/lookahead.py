@@ -110,13 +110,13 @@ def take(msg, look: Lookahead, committed_len: int, step_base: int | None, branch
     return None
 
 
-def fill(worker: DraftWorker, look: Lookahead, committed_len: int, want: int, timeout: float) -> str | None:
-    """Wait until the lookahead holds `want` tokens or the drafter has stalled. Returns why the drafter
+def fill(worker: DraftWorker, look: Lookahead, committed_len: int, wait_k: int, timeout: float) -> str | None:
+    """Wait until the lookahead holds `wait_k` tokens or the drafter has stalled. Returns why the drafter
     must be dropped (failed, garbage, timed out, worker gone), or None."""
     deadline = time.perf_counter() + timeout
-    if len(look.tokens) < want:
-        worker.draft_queue.put(Extend(committed_len + want + 1))
-    while len(look.tokens) < want:
+    if len(look.tokens) < wait_k:
+        worker.draft_queue.put(Extend(committed_len + wait_k + 1))
+    while len(look.tokens) < wait_k:
         if look.stalled_at is not None and look.stalled_at <= committed_len + len(look.tokens):
             return None
         left = deadline - time.perf_counter()

@@ -3,12 +3,12 @@
 Each step: a draft provider hands over up to K drafted tokens (none while the gate has measured that
 drafting does not pay), the target scores the last committed token plus the draft in one forward pass,
 `verify` keeps the accepted prefix plus one target token, the tokens are committed, and the provider
-learns where the step landed. Rollback is implicit: the verifier's next `score` truncates its KV cache to
+learns where the step landed. Rollback is implicit: the target's next `score` truncates its KV cache to
 the committed history, and drafters reconcile against it the same way. The step's bookkeeping is the step
 core's (step.py).
 
 Providers differ only in where a draft comes from and when:
-- `InlineProvider`: the drafter runs between verify passes, on this thread's schedule ("sequential").
+- `InlineProvider`: the drafter runs between verify passes, on this thread's schedule ("off").
 - `PipelinedProvider` (pipeline.py): a draft worker drafts ahead while the target verifies ("overlap",
   "branches").
 """
@@ -21,7 +21,7 @@ from typing import Protocol
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, HintOutcome, Step
-from mirrorsd.runtime.decode.step import DraftSource, Outcome, StepCore, make_step
+from mirrorsd.runtime.decode.step import CheckedDrafter, Outcome, StepCore, make_step
 from mirrorsd.runtime.timeline import Timeline
 from mirrorsd.structured import GrammarConstraint
 
@@ -30,7 +30,7 @@ class DraftProvider(Protocol):
     """Where a step's draft comes from."""
 
     def draft(self) -> tuple[Draft, ExitRequest | None]:
-        """This step's draft, within the step core's budget and grammar, and the early-exit request to
+        """This step's draft, within the step's draft length K and grammar, and the early-exit request to
         publish branch candidates through (None: none)."""
 
     def learn(self, draft: Draft, outcome: Outcome, waited: float) -> tuple[str | None, HintOutcome | None]:
@@ -61,37 +61,37 @@ def decode(core: StepCore, provider: DraftProvider) -> Iterator[Step]:
 
 class InlineProvider:
     """Drafts between verify passes on the calling thread's schedule (the drafter itself runs on a helper
-    thread, so that a hung one can be abandoned: DraftSource). A drafter that fails is dropped for the
-    request; `fallback` (if any) drafts from then on."""
+    thread, so that a hung one can be abandoned: CheckedDrafter). A drafter that fails is dropped for the
+    request; `helper` (if any) drafts from then on."""
 
-    def __init__(self, core: StepCore, drafter: Drafter | None, fallback: Drafter | None = None,
+    def __init__(self, core: StepCore, drafter: Drafter | None, helper: Drafter | None = None,
                  draft_core: int | None = None) -> None:
         self.core = core
-        self.source = DraftSource(drafter, fallback, core.config, core.verifier.vocab_size, core.timeline, draft_core)
+        self.drafting = CheckedDrafter(drafter, helper, core.config, core.target.vocab_size, core.timeline, draft_core)
 
     def draft(self) -> tuple[Draft, ExitRequest | None]:
-        budget = self.core.budget() if self.source.active else 0
-        return self.core.prepare(self.source.propose(self.core.committed, budget), budget), None
+        k = self.core.step_k() if self.drafting.active else 0
+        return self.core.prepare(self.drafting.propose(self.core.committed, k), k), None
 
     def learn(self, draft: Draft, outcome: Outcome, waited: float) -> tuple[str | None, HintOutcome | None]:
-        self.source.accepted(self.core.committed, outcome.n_accepted)
+        self.drafting.accepted(self.core.committed, outcome.n_accepted)
         self.core.learn(len(draft.tokens), waited, outcome, waited + outcome.seconds)
         return None, None
 
     def take_fault(self) -> str | None:
-        return self.source.take_fault()
+        return self.drafting.take_fault()
 
     def close(self) -> None:
-        self.source.close()
+        self.drafting.close()
 
 
-def speculative_decode(verifier: CausalLM, drafter: Drafter | None, prompt_ids: Sequence[int],
+def speculative_decode(target: CausalLM, drafter: Drafter | None, prompt_ids: Sequence[int],
                        config: GenerationConfig, max_new_tokens: int, timeline: Timeline | None = None,
-                       fallback: Drafter | None = None, constraint: GrammarConstraint | None = None,
+                       helper: Drafter | None = None, constraint: GrammarConstraint | None = None,
                        draft_core: int | None = None) -> Iterator[Step]:
-    """The loop with an InlineProvider ("sequential"). constraint: the request's grammar (structured output):
+    """The loop with an InlineProvider ("off"). constraint: the request's grammar (structured output):
     drafts stop at a forbidden token and the target's distribution is the grammar-masked one. draft_core: the
     CPU core the drafter runs on (a pinned Placement)."""
-    core = StepCore(verifier, prompt_ids, config, max_new_tokens, timeline, constraint=constraint)
-    yield from decode(core, InlineProvider(core, drafter, fallback, draft_core))  # a generator: nothing starts
+    core = StepCore(target, prompt_ids, config, max_new_tokens, timeline, constraint=constraint)
+    yield from decode(core, InlineProvider(core, drafter, helper, draft_core))  # a generator: nothing starts
     # (no drafter thread) until the caller asks for the first step

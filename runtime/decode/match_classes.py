@@ -1,17 +1,17 @@
-"""How far to verify a model-free draft: acceptance per match class, learned per verifier.
+"""How far to verify a model-free draft: acceptance per match class, learned per target.
 
 An n-gram or retrieval draft continues a suffix match (`Draft.match`), and how often the target accepts it
 depends on that match far more than on the request: replayed greedy answers accept a 1-token n-gram match's
 tokens about a third of the time and a match of 2 or more 0.7-0.95, while retrieval's short matches in a generic
 corpus stay near 0.2 (docs/measurements.md). Verifying a draft that will be rejected costs a pass over more
 positions than a plain step, so each draft is verified only as far as its class pays, at that class's
-acceptance and the verifier's measured cost curve.
+acceptance and the target's measured cost curve.
 
 A draft that is not verified still teaches its class: the plain step that replaces it commits the target's own
 next token, which equals the draft's first token exactly as often as verification would have accepted it (under
 greedy decoding when it is the argmax; under sampling with probability p(token), a one-hot draft's acceptance
 probability). So a class that stops paying keeps being measured at no cost, and comes back when it pays again.
-The estimates outlive a request (kept per verifier, like the cost curve). Output never depends on any of this,
+The estimates outlive a request (kept per target, like the cost curve). Output never depends on any of this,
 only speed.
 """
 
@@ -62,7 +62,7 @@ _learned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def shared(lm: CausalLM) -> MatchClasses:
-    """The match classes learned on this verifier (a fresh set for one that cannot be weakly referenced)."""
+    """The match classes learned on this target (a fresh set for one that cannot be weakly referenced)."""
     try:
         return _learned.setdefault(lm, MatchClasses())
     except TypeError:

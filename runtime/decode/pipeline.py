@@ -13,22 +13,22 @@ drafted position, sent as the pass starts: the target computes nothing extra and
 pass. Each hinted step is measured against its hint (Step.hint: was the correction a candidate, was its
 branch ready).
 
-After each step the verifier reconciles. If the committed history is still a prefix of the lookahead,
+After each step the target reconciles. If the committed history is still a prefix of the lookahead,
 the rest of the lookahead is the next draft (Advance). If the outcome landed on a prepared branch, that
 branch is the next draft (Rebase with it). Otherwise everything drafted past the divergence is stale and
 the worker starts again from the committed history (Rebase). The step after that does not wait for a
 whole draft: it verifies the first `fresh_k` tokens the worker sends (the K schedule picks fresh_k from
-measured costs) while the worker drafts on, so the verifier idles for a short draft only and the step
+measured costs) while the worker drafts on, so the target idles for a short draft only and the step
 after it finds the lookahead full again. The request's first step waits for none: the target's prompt
 prefill runs while the worker prefills the draft and drafts the second step.
 
-Per step, the model-free `fallback` drafter (run inline) may serve instead, when its draft, made at
+Per step, the model-free `helper` drafter (run inline) may serve instead, when its draft, made at
 once, promises more tokens per second than waiting for the lookahead; it takes over for good when the
 pipelined drafter fails, returns garbage or times out (it is then dropped for the rest of the request).
 
-Lossless: only `verify` commits tokens, through the same step core as the sequential loop. Drafts made
+Lossless: only `verify` commits tokens, through the same step core as the inline loop. Drafts made
 ahead of time are conditioned on the same context as drafts made afresh; which ones get used depends
-only on that context and the target's own randomness, so a seeded run reproduces the sequential loop
+only on that context and the target's own randomness, so a seeded run reproduces the inline loop
 token for token (see ModelDrafter's context-keyed random stream).
 """
 
@@ -46,7 +46,7 @@ from mirrorsd.runtime.decode.estimates import AcceptanceEstimate, Ema
 from mirrorsd.runtime.decode.lookahead import Lookahead, StepBranches, drain, fill
 from mirrorsd.runtime.decode.loop import decode
 from mirrorsd.runtime.decode.plan import DecodePlan, make_plan
-from mirrorsd.runtime.decode.step import DraftSource, Outcome, StepCore, drop_message
+from mirrorsd.runtime.decode.step import CheckedDrafter, Outcome, StepCore, drop_message
 from mirrorsd.runtime.decode.threads import CoreSharing
 from mirrorsd.runtime.decode.worker import Advance, DraftWorker, Rebase
 from mirrorsd.runtime.timeline import Timeline
@@ -55,87 +55,87 @@ from mirrorsd.structured import GrammarConstraint
 log = logging.getLogger("mirrorsd")
 
 def pipelined_decode(
-    verifier: CausalLM,
+    target: CausalLM,
     drafter: Drafter | None,
     prompt_ids: Sequence[int],
     config: GenerationConfig,
     max_new_tokens: int,
     *,
     branches: bool = True,
-    fallback: Drafter | None = None,
+    helper: Drafter | None = None,
     timeline: Timeline | None = None,
     threads: tuple[int, int] | None = None,
     constraint: GrammarConstraint | None = None,
     draft_core: int | None = None,
 ) -> Iterator[Step]:
-    """The loop (loop.decode: same Steps, same output as sequential decoding) with drafting on a second worker.
+    """The loop (loop.decode: same Steps, same output as with the pipeline off) with drafting on a second worker.
 
     branches: use Mirror-SD early-exit branches when the target declares early exit.
-    fallback: a cheap drafter run inline per step where it pays, and for good once the pipelined one
+    helper: a cheap drafter run inline per step where it pays, and for good once the pipelined one
     is dropped (e.g. n-gram). threads: (verify, draft) CPU threads when both share the CPU.
     constraint: the request's grammar (structured output), if any. draft_core: the CPU core the draft side
-    (the worker and the inline drafter) runs on (a pinned Placement); threads is then None."""
-    core = StepCore(verifier, prompt_ids, config, max_new_tokens, timeline, overlapped=True, constraint=constraint)
-    plan = replace(make_plan(verifier, drafter, config, "branches" if branches else "overlap"), threads=threads,
+    (the worker and the helper) runs on (a pinned Placement); threads is then None."""
+    core = StepCore(target, prompt_ids, config, max_new_tokens, timeline, overlapped=True, constraint=constraint)
+    plan = replace(make_plan(target, drafter, config, "branches" if branches else "overlap"), threads=threads,
                    draft_core=draft_core)
-    yield from decode(core, PipelinedProvider(core, drafter, fallback, plan))
+    yield from decode(core, PipelinedProvider(core, drafter, helper, plan))
 
 
 class PipelinedProvider:
     """The verify worker's side of one request (a loop.DraftProvider): the draft worker and the lookahead it
-    fills, the inline model-free drafter, the early-exit plan and the CPU threads."""
+    fills, the model-free helper, the early-exit plan and the CPU threads."""
 
-    def __init__(self, core: StepCore, drafter: Drafter | None, fallback: Drafter | None, plan: DecodePlan) -> None:
-        config, verifier = core.config, core.verifier
+    def __init__(self, core: StepCore, drafter: Drafter | None, helper: Drafter | None, plan: DecodePlan) -> None:
+        config, target = core.config, core.target
         threads, draft_core = plan.threads, plan.draft_core
         self.core, self.draft_core = core, draft_core
-        self.inline = DraftSource(fallback, None, config, verifier.vocab_size, core.timeline, draft_core)
+        self.helper = CheckedDrafter(helper, None, config, target.vocab_size, core.timeline, draft_core)
         self.look = Lookahead()
         self.fresh = True  # the lookahead was (re)started from the committed history since the last draft
         self.verify_seconds = Ema(0.7)
-        self.quick_acceptance = AcceptanceEstimate()  # the inline drafter's, on the steps it served
-        self.source, self.exit_layer = plan.branch_source, plan.exit_layer
+        self.helper_acceptance = AcceptanceEstimate()  # the helper's, on the steps it served
+        self.branch_source, self.exit_layer = plan.branch_source, plan.exit_layer
         self.hint: Hint | None = None  # this step's, once sent to the worker
-        self.quick = False  # this step's draft is the inline drafter's quick one
+        self.helper_served = False  # this step's draft is the helper's
         self.fault = None
         self.worker: DraftWorker | None = None
         self.sharing: CoreSharing | None = None
-        self.saved_threads = verifier.threads.get_threads() if threads and verifier.threads else None
+        self.saved_threads = target.threads.get_threads() if threads and target.threads else None
         if drafter is not None:
             self._start_worker(drafter, threads)
 
     # -- the provider's steps -----------------------------------------------------------------------
 
     def draft(self) -> tuple[Draft, ExitRequest | None]:
-        budget = self.core.budget()
-        draft, self.quick = self.pick_draft(budget)
-        # A quick draft was weighed against waiting for the lookahead, not against a plain step: verified whole.
-        draft = self.core.prepare(draft, budget, whole=self.quick)
-        return draft, self.early_exit(draft, self.quick)
+        k = self.core.step_k()
+        draft, self.helper_served = self.pick_draft(k)
+        # A helper draft was weighed against waiting for the lookahead, not against a plain step: verified whole.
+        draft = self.core.prepare(draft, k, whole=self.helper_served)
+        return draft, self.early_exit(draft, self.helper_served)
 
     def learn(self, draft: Draft, outcome: Outcome, waited: float) -> tuple[str | None, HintOutcome | None]:
-        self.update_estimates(draft, self.quick, outcome, waited)  # first: the worker drafts for the new K
+        self.update_estimates(draft, self.helper_served, outcome, waited)  # first: the worker drafts for the new K
         return self.reconcile(outcome)
 
-    def pick_draft(self, budget: int) -> tuple[Draft, bool]:
-        """This step's draft, and whether it is the inline drafter's quick one: the lookahead (waiting
-        for it if needed), the inline draft where it pays, or, without a worker, the inline draft."""
-        if budget <= 0:
+    def pick_draft(self, k: int) -> tuple[Draft, bool]:
+        """This step's draft, and whether the helper made it: the lookahead (waiting
+        for it if needed), the helper's draft where it pays, or, without a worker, the helper's."""
+        if k <= 0:
             return Draft.empty(), False
         if self.worker is not None:
-            quick = self._quick_draft(budget)
-            if quick is not None:
-                return quick, True
-            draft = self._lookahead_draft(budget)
+            helper_draft = self._helper_draft(k)
+            if helper_draft is not None:
+                return helper_draft, True
+            draft = self._lookahead_draft(k)
             if self.worker is not None:
                 return draft, False
-        return self.inline.propose(self.core.committed, budget), False
+        return self.helper.propose(self.core.committed, k), False
 
-    def early_exit(self, draft: Draft, quick: bool) -> ExitRequest | None:
+    def early_exit(self, draft: Draft, helper_served: bool) -> ExitRequest | None:
         """When the step is likely to leave the lookahead, send the worker its branch candidates: the draft's
         own at once (branch_source "draft"), or the pass's early-exit top-kappa midway (the ExitRequest)."""
         self.hint = None
-        if (self.worker is None or not self.source or not draft.tokens or quick
+        if (self.worker is None or not self.branch_source or not draft.tokens or helper_served
                 or not self.core.policy.wants_branches(len(draft.tokens))):
             return None
         worker, config = self.worker, self.core.config
@@ -143,11 +143,11 @@ class PipelinedProvider:
                      time.perf_counter() + (self.verify_seconds.value or 0.0), max(1, self.core.policy.schedule.k))
 
         def publish(ids, logp, alpha: float | None = None) -> None:
-            base, drafted, deadline, max_tokens = hint_args
-            self.hint = Hint(base, drafted, ids, logp, deadline, max_tokens, alpha)
+            base, drafted, deadline, branch_k = hint_args
+            self.hint = Hint(base, drafted, ids, logp, deadline, branch_k, alpha)
             worker.draft_queue.put(self.hint)
 
-        if self.source == "draft":
+        if self.branch_source == "draft":
             k = len(draft.tokens)
             candidates = self.look.candidates(k) if self.look.tokens[:k] == draft.tokens else None
             if candidates is not None:
@@ -159,7 +159,7 @@ class PipelinedProvider:
         """After commit(): tell the worker where the step landed (Advance on the lookahead, Rebase
         elsewhere, onto a prepared branch if one matches). Returns "hit"/"miss" for hinted steps that
         left the lookahead, and for every hinted step how it ended against its hint."""
-        self.inline.accepted(self.core.committed, outcome.n_accepted)
+        self.helper.accepted(self.core.committed, outcome.n_accepted)
         if self.worker is None:
             return None, None
         new, committed, hint = outcome.tokens, self.core.committed, self.hint
@@ -184,46 +184,46 @@ class PipelinedProvider:
         the worker with the branches (its plan, and the branch for this outcome) when the pass had ended."""
         at, correction = outcome.n_accepted, outcome.tokens[-1]
         covered = at < len(hint.top_ids) and correction in hint.top_ids[at].tolist()
-        return HintOutcome(self.source, at if at < len(hint.draft) else None, correction, covered,
+        return HintOutcome(self.branch_source, at if at < len(hint.draft) else None, correction, covered,
                            branches.state((at, correction)),
                            None if branches.planned is None else len(branches.planned), branches.ready)
 
-    def update_estimates(self, draft: Draft, quick: bool, outcome: Outcome, waited: float) -> None:
-        """The step core's estimators (the quick steps feed only the inline drafter's acceptance)."""
+    def update_estimates(self, draft: Draft, helper_served: bool, outcome: Outcome, waited: float) -> None:
+        """The step core's estimators (the steps the helper served feed only the helper's acceptance)."""
         if self.core.generated > len(outcome.tokens):  # the first step carries the prompt prefill
             self.verify_seconds.update(outcome.seconds)
         n_drafted = len(draft.tokens)
-        if quick:
-            self.quick_acceptance.update(n_drafted, outcome.n_accepted)
+        if helper_served:
+            self.helper_acceptance.update(n_drafted, outcome.n_accepted)
         # The worker drafted while the target verified: its cost is its own drafting time, not the wait.
-        cost = n_drafted * (self.worker.token_seconds.value or 0.0) if self.worker and not quick else waited
-        self.core.learn(n_drafted, cost, outcome, waited + outcome.seconds, schedule=not quick)
+        cost = n_drafted * (self.worker.token_seconds.value or 0.0) if self.worker and not helper_served else waited
+        self.core.learn(n_drafted, cost, outcome, waited + outcome.seconds, schedule=not helper_served)
 
     def take_fault(self) -> str | None:
-        fault, self.fault = self.fault or self.inline.take_fault(), None
+        fault, self.fault = self.fault or self.helper.take_fault(), None
         return fault
 
     def close(self) -> None:
         self._stop_worker()
-        self.inline.close()
+        self.helper.close()
 
     # -- helpers -----------------------------------------------------------------------------------
 
     def _start_worker(self, drafter: Drafter, threads: tuple[int, int] | None) -> None:
-        verifier = self.core.verifier
-        if threads and verifier.threads is not None:
-            verifier.threads.set_threads(threads[0])
-        worker = DraftWorker(drafter, self.core.config, self.core.timeline, verifier.vocab_size,
+        target = self.core.target
+        if threads and target.threads is not None:
+            target.threads.set_threads(threads[0])
+        worker = DraftWorker(drafter, self.core.config, self.core.timeline, target.vocab_size,
                              threads[1] if threads else None,
                              # the draft's first choice is the drafted token itself: kappa alternatives after it
-                             self.core.config.branch_width + 1 if self.source == "draft" else 0, self.draft_core)
+                             self.core.config.branch_width + 1 if self.branch_source == "draft" else 0, self.draft_core)
         if not worker.start():
             self.fault = drop_message(drafter, RuntimeError("still busy in a call from an earlier request"))
             self._restore_threads()
             return
         self.worker = worker
-        if threads and verifier.threads is not None:
-            self.sharing = CoreSharing(verifier.threads, lambda: worker.drafting, threads)
+        if threads and target.threads is not None:
+            self.sharing = CoreSharing(target.threads, lambda: worker.drafting, threads)
         # Where the first step prefills the target alone, K is chosen from costs measured after it: the worker
         # may draft for the largest K meanwhile (its core is otherwise idle through the longest pass).
         schedule = self.core.policy.schedule
@@ -235,45 +235,45 @@ class PipelinedProvider:
         the bonus position between them."""
         return len(self.core.committed) + 2 * k + 1
 
-    def _quick_draft(self, budget: int) -> Draft | None:
-        """The inline drafter's draft, made now, if verifying it promises more tokens per second than
+    def _helper_draft(self, k: int) -> Draft | None:
+        """The helper's draft, made now, if verifying it promises more tokens per second than
         waiting for the lookahead (expected tokens per step, Leviathan, over the step's time)."""
-        if not (self.core.policy.may_serve_quick() and self.inline.active and self.verify_seconds.value):
+        if not (self.core.policy.may_serve_helper() and self.helper.active and self.verify_seconds.value):
             return None
         drain(self.worker, self.look, len(self.core.committed), None)
-        want = self._want(budget)
-        if len(self.look.tokens) >= want or self.look.stalled_at is not None:
+        wait_k = self._wait_k(k)
+        if len(self.look.tokens) >= wait_k or self.look.stalled_at is not None:
             return None
-        draft = self.inline.propose(self.core.committed, budget)
-        wait = (want - len(self.look.tokens)) * (self.worker.token_seconds.value or 0.0)
-        pays = self.core.policy.quick_pays(self.quick_acceptance.alpha, len(draft.tokens), want, wait,
+        draft = self.helper.propose(self.core.committed, k)
+        wait = (wait_k - len(self.look.tokens)) * (self.worker.token_seconds.value or 0.0)
+        pays = self.core.policy.helper_pays(self.helper_acceptance.alpha, len(draft.tokens), wait_k, wait,
                                            self.verify_seconds.value)
         return draft if pays else None
 
-    def _want(self, budget: int) -> int:
-        """How many lookahead tokens this step waits for: the whole budget; on a fresh lookahead (after a
+    def _wait_k(self, k: int) -> int:
+        """How many lookahead tokens this step waits for: the whole K; on a fresh lookahead (after a
         miss) the schedule's fresh_k; none at the request's first step where the schedule prefills the target
         alone. Seeded sampling's schedule does neither (reproducible drafts)."""
         schedule = self.core.policy.schedule
         if self.core.generated == 0 and schedule.prefill_alone:
             return 0
-        return min(budget, schedule.fresh_k) if self.fresh else budget
+        return min(k, schedule.fresh_k) if self.fresh else k
 
-    def _lookahead_draft(self, budget: int) -> Draft:
-        """Up to `budget` lookahead tokens, waiting for the worker until it has sent `_want(budget)`; drops the
+    def _lookahead_draft(self, k: int) -> Draft:
+        """Up to `k` lookahead tokens, waiting for the worker until it has sent `_wait_k(k)`; drops the
         worker on a fault."""
-        reason = fill(self.worker, self.look, len(self.core.committed), self._want(budget),
+        reason = fill(self.worker, self.look, len(self.core.committed), self._wait_k(k),
                       self.core.config.draft_timeout_s)
         if reason is not None:
             self.fault = drop_message(self.worker.drafter, RuntimeError(reason))
             self._stop_worker()
             return Draft.empty()
         self.fresh = False
-        k = min(budget, len(self.look.tokens))
+        k = min(k, len(self.look.tokens))
         return Draft(self.look.tokens[:k], self.look.q(k), self.worker.drafter.name) if k else Draft.empty()
 
     def _stop_worker(self) -> None:
-        if self.sharing is not None:  # the verifier has the CPU to itself from now on
+        if self.sharing is not None:  # the target has the CPU to itself from now on
             self.sharing.close()
             self.sharing = None
         if self.worker is not None:
@@ -285,4 +285,4 @@ class PipelinedProvider:
 
     def _restore_threads(self) -> None:
         if self.saved_threads is not None:
-            self.core.verifier.threads.set_threads(self.saved_threads)
+            self.core.target.threads.set_threads(self.saved_threads)

@@ -21,46 +21,46 @@ from mirrorsd.runtime.decode.threads import Placement, overlap_threads
 
 @dataclass(frozen=True)
 class DecodePlan:
-    mode: str = "sequential"  # "sequential" | "overlap" | "branches"
+    mode: str = "off"  # "off" | "overlap" | "branches"
     branch_source: str | None = None  # "branches": where candidates come from, "draft" or "early_exit"
     exit_layer: int = 0  # l_e, the layer "early_exit" branches read (1-based; 0: none)
     threads: tuple[int, int] | None = None  # (verify, draft) compute threads when both sides share the CPU
     draft_core: int | None = None  # the draft side's core when the placement pins each side
 
 
-def make_plan(verifier: CausalLM, drafter: Drafter | None, config: GenerationConfig, mode: str,
+def make_plan(target: CausalLM, drafter: Drafter | None, config: GenerationConfig, mode: str,
               placement: Placement = Placement()) -> DecodePlan:
-    """The plan for a resolved mode ("sequential", "overlap" or "branches"). "branches" without candidates
+    """The plan for a resolved mode ("off", "overlap" or "branches"). "branches" without candidates
     (neither a ranking draft nor an early exit on the target) runs as "overlap"; an early_exit_layer outside
     the target is a ConfigError."""
     draft_core = placement.draft_core
-    if mode == "sequential" or drafter is None:
+    if mode == "off" or drafter is None:
         return DecodePlan(draft_core=draft_core)
-    source = branch_source(verifier, drafter, config) if mode == "branches" else None
+    source = branch_source(target, drafter, config) if mode == "branches" else None
     exit_layer = 0
     if source == "early_exit":
-        layers = verifier.early_exit.num_layers
+        layers = target.early_exit.num_layers
         if config.early_exit_layer is not None and config.early_exit_layer >= layers:
             raise ConfigError(f"early_exit_layer {config.early_exit_layer} is not inside the target's {layers} "
                               "layers", f"pick a layer from 1 to {layers - 1}, or None for 4/5 of the depth")
         exit_layer = config.early_exit_layer or default_exit_layer(layers)
-    threads = None if placement.pinned else overlap_threads(verifier, drafter)
+    threads = None if placement.pinned else overlap_threads(target, drafter)
     return DecodePlan("branches" if source else "overlap", source, exit_layer, threads, draft_core)
 
 
-def run_plan(core: StepCore, drafter: Drafter | None, fallback: Drafter | None, plan: DecodePlan) -> Iterator[Step]:
+def run_plan(core: StepCore, drafter: Drafter | None, helper: Drafter | None, plan: DecodePlan) -> Iterator[Step]:
     """The request's steps: the loop with the provider the plan names (a generator: no thread starts before
     the caller asks for the first step)."""
     from mirrorsd.runtime.decode.pipeline import PipelinedProvider
 
-    if plan.mode == "sequential":
-        provider = InlineProvider(core, drafter, fallback, plan.draft_core)
+    if plan.mode == "off":
+        provider = InlineProvider(core, drafter, helper, plan.draft_core)
     else:
-        provider = PipelinedProvider(core, drafter, fallback, plan)
+        provider = PipelinedProvider(core, drafter, helper, plan)
     yield from decode(core, provider)
 
 
-def branch_source(verifier: CausalLM, drafter: Drafter | None, config: GenerationConfig) -> str | None:
+def branch_source(target: CausalLM, drafter: Drafter | None, config: GenerationConfig) -> str | None:
     """Where "branches" mode takes its candidates for this target, drafter and config (SpeculativeConfig.
     branch_source): "draft" when asked for (or "auto") and the drafter ranks its tokens, "early_exit" when
     asked for (or "auto") and the target declares early exit; None: the mode runs as "overlap"."""
@@ -70,7 +70,7 @@ def branch_source(verifier: CausalLM, drafter: Drafter | None, config: Generatio
     if source in ("draft", "auto") and drafter is not None and drafter.model is not None \
             and drafter.model.ranking is not None:
         return "draft"
-    if source in ("early_exit", "auto") and verifier.early_exit is not None:
+    if source in ("early_exit", "auto") and target.early_exit is not None:
         return "early_exit"
     return None
 

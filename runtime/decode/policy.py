@@ -2,8 +2,8 @@
 
 Per step it decides how many tokens to draft (the K schedule, schedule.py) and whether to draft at all (the
 speculation gate, gate.py, which the schedule's cost model may pause); how much of a model-free draft to verify,
-from the acceptance of its match class (`fit`); overlapped, whether the inline
-model-free draft serves instead of waiting for the worker's lookahead, and whether a step asks for
+from the acceptance of its match class (`fit`); overlapped, whether the helper's
+draft serves instead of waiting for the worker's lookahead, and whether a step asks for
 early-exit branch candidates. Seeded sampling (`GenerationConfig.reproducible`) must not let timing steer
 any of these: read here, once. Output never depends on a choice made here, only speed.
 """
@@ -33,7 +33,7 @@ class StepPolicy:
         self.timing_free = config.reproducible
         self.schedule = make_schedule(config, overlapped, curve)
         self.gate = SpeculationGate(enabled=not self.timing_free)
-        self.matches = matches or MatchClasses()  # the verifier's, learned across requests
+        self.matches = matches or MatchClasses()  # the target's, learned across requests
         self._proposed: Draft | None = None  # this step's model-free draft as proposed, before fit cut it
         self._asked = False  # this step asked the drafter for a draft (the gate let it)
 
@@ -83,17 +83,17 @@ class StepPolicy:
             if schedule and n_drafted > 0 and self.schedule.pays() is False:
                 self.gate.pause()  # the cost model sees a loss at every K before the rates do
 
-    def may_serve_quick(self) -> bool:
-        """Whether the inline model-free drafter may serve a step in place of the worker's lookahead (a choice
+    def may_serve_helper(self) -> bool:
+        """Whether the model-free helper may serve a step in place of the worker's lookahead (a choice
         made from timing)."""
         return not self.timing_free
 
-    def quick_pays(self, quick_alpha: float, quick_k: int, want: int, wait_s: float, verify_s: float) -> bool:
-        """The quick draft (`quick_k` tokens at acceptance `quick_alpha`, verified at once) promises more
-        tokens per second than waiting `wait_s` for `want` lookahead tokens (expected tokens per step,
+    def helper_pays(self, helper_alpha: float, helper_k: int, wait_k: int, wait_s: float, verify_s: float) -> bool:
+        """The helper's draft (`helper_k` tokens at acceptance `helper_alpha`, verified at once) promises more
+        tokens per second than waiting `wait_s` for `wait_k` lookahead tokens (expected tokens per step,
         Leviathan, over the step's time)."""
-        model_rate = expected_tokens_per_step(self.alpha, want) / (wait_s + verify_s)
-        return expected_tokens_per_step(quick_alpha, quick_k) / verify_s > model_rate
+        model_rate = expected_tokens_per_step(self.alpha, wait_k) / (wait_s + verify_s)
+        return expected_tokens_per_step(helper_alpha, helper_k) / verify_s > model_rate
 
     def wants_branches(self, k: int) -> bool:
         """A step of k drafted tokens is likely enough to leave the lookahead to pay for branch candidates."""

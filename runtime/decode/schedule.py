@@ -19,7 +19,7 @@ class DraftLengthSchedule:
 
     @property
     def fresh_k(self) -> int:
-        return self.k  # a step after a miss waits for a whole draft, as the sequential loop does
+        return self.k  # a step after a miss waits for a whole draft, as the inline loop does
 
     prefill_alone = False  # the first step drafts like every other (reproducible)
 
@@ -45,9 +45,9 @@ class CostAwareSchedule:
     ratio c.
 
     alpha comes from an AcceptanceEstimate. Costs are moving averages of the measured draft time per
-    token and of the verify time per K (`VerifyCosts`): the verifier's own curve, whatever its shape (on
+    token and of the verify time per K (`VerifyCosts`): the target's own curve, whatever its shape (on
     llama.cpp's CPU kernels a pass over 4 positions can cost less than one over 3), starting from the
-    curve measured for this verifier (`curve`, runtime/decode/verify_curve.py) where there is one.
+    curve measured for this target (`curve`, runtime/decode/verify_curve.py) where there is one.
     Until costs are measured it behaves like DraftLengthSchedule's starting K.
 
     Overlapped, K is also kept where drafting fits inside the verify pass (K c <= verify cost): past
@@ -60,7 +60,7 @@ class CostAwareSchedule:
                  curve: tuple[float, ...] | None = None) -> None:
         self.max_k = config.max_draft_tokens
         self.k = min(config.num_draft_tokens, self.max_k)
-        # Before costs are measured a step after a miss waits for one token, not K: the verifier idles least.
+        # Before costs are measured a step after a miss waits for one token, not K: the target idles least.
         self.fresh_k = 1 if overlapped else self.k
         self.overlapped = overlapped
         # Overlapped, the request's first step verifies no draft: the target's prompt prefill, the longest
@@ -120,7 +120,7 @@ class VerifyCosts:
     """Verify-pass seconds per K (draft tokens) as moving averages, and the pass cost per K in plain steps.
 
     A K measured in this request costs its own average; another K costs the prior curve's ratio (the
-    verifier's curve measured once, runtime/decode/verify_curve.py) or, without one, a least-squares line
+    target's curve measured once, runtime/decode/verify_curve.py) or, without one, a least-squares line
     through the measured passes. The plain step is the K = 0 average, else inferred from the prior or
     the line."""
 
@@ -194,7 +194,7 @@ def uses_cost_schedule(config: GenerationConfig) -> bool:
 
 def make_schedule(config: GenerationConfig, overlapped: bool = False,
                   curve: tuple[float, ...] | None = None) -> DraftLengthSchedule | CostAwareSchedule:
-    """The cost-aware schedule (from the verifier's measured `curve` where known) where K may follow
+    """The cost-aware schedule (from the target's measured `curve` where known) where K may follow
     measured costs (uses_cost_schedule), else the deterministic heuristic."""
     if not uses_cost_schedule(config):
         return DraftLengthSchedule(config)

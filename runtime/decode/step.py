@@ -1,7 +1,7 @@
 """The step core: what every decode loop does around one verify step, written once.
 
 A draft provider (loop.py, pipeline.py) decides only *where a draft comes from* and *when*. Everything else
-is here: the draft budget, checked drafting with fallback (`DraftSource`), the verify pass and the
+is here: the draft length K, checked drafting with a helper (`CheckedDrafter`), the verify pass and the
 lossless `verify` call, committing, the estimators (K schedule, speculation gate) and the `Step` record.
 """
 
@@ -45,39 +45,39 @@ class Outcome:
 class StepCore:
     """The request's committed history and the estimators every loop shares."""
 
-    def __init__(self, verifier: CausalLM, prompt_ids: Sequence[int], config: GenerationConfig,
+    def __init__(self, target: CausalLM, prompt_ids: Sequence[int], config: GenerationConfig,
                  max_new_tokens: int, timeline: Timeline | None = None, overlapped: bool = False,
                  constraint: GrammarConstraint | None = None) -> None:
-        self.verifier, self.config, self.constraint = verifier, config, constraint
+        self.target, self.config, self.constraint = target, config, constraint
         self.timeline = timeline or Timeline()
         self.rng = np.random.default_rng(config.seed)
         self.committed = list(prompt_ids)
         self.prompt_len = len(self.committed)
         self.max_new_tokens, self.generated = max_new_tokens, 0
-        self.policy = StepPolicy(config, overlapped, curve=verify_curve.known(verifier),
-                                 matches=match_classes.shared(verifier))
+        self.policy = StepPolicy(config, overlapped, curve=verify_curve.known(target),
+                                 matches=match_classes.shared(target))
 
     @property
     def done(self) -> bool:
         return self.generated >= self.max_new_tokens
 
-    def budget(self) -> int:
+    def step_k(self) -> int:
         """Draft tokens this step may carry (0: a plain decode step). The step commits at most k + 1
-        tokens: never draft past the request's budget or the context, nor while the gate is closed."""
+        tokens: never draft past max_new_tokens or the context, nor while the gate is closed."""
         return self.policy.draft_length(min(self.max_new_tokens - self.generated - 1,
-                                            self.verifier.max_context - len(self.committed) - 1))
+                                            self.target.max_context - len(self.committed) - 1))
 
-    def prepare(self, draft: Draft, budget: int, whole: bool = False) -> Draft:
+    def prepare(self, draft: Draft, k: int, whole: bool = False) -> Draft:
         """The draft as this step verifies it: under a grammar (structured output), up to its first token the
         grammar forbids, or the tokens the grammar forces next where those are more; then a model-free draft cut
         to the length its match class pays for against a plain step (StepPolicy.fit; whole: not cut)."""
         if self.constraint is not None:
-            draft = self._constrain(draft, budget)
+            draft = self._constrain(draft, k)
         return self.policy.fit(draft, whole)
 
-    def _constrain(self, draft: Draft, budget: int) -> Draft:
+    def _constrain(self, draft: Draft, k: int) -> Draft:
         tokens = self.constraint.clip(draft.tokens) if draft.tokens else []
-        forced = self.constraint.forced(budget)
+        forced = self.constraint.forced(k)
         if len(forced) > len(tokens):
             return Draft(forced, None, "grammar")
         probs = None if draft.probs is None else draft.probs[: len(tokens)]
@@ -89,9 +89,9 @@ class StepCore:
         with self.timeline.span(VERIFY, "verify", k=len(draft.tokens)) as span:
             start = time.perf_counter()
             if exit_request is None:
-                logits = self.verifier.score(self.committed, draft.tokens)  # [k+1, V]
+                logits = self.target.score(self.committed, draft.tokens)  # [k+1, V]
             else:
-                logits = self.verifier.early_exit.score_with_exit(self.committed, draft.tokens, exit_request)
+                logits = self.target.early_exit.score_with_exit(self.committed, draft.tokens, exit_request)
             allowed = logits if self.constraint is None else apply_masks(logits, self.constraint.masks(draft.tokens))
             n_accepted, tokens = verify(draft, allowed, self.config.sampling, self.rng, history=self.committed,
                                         prompt_len=self.prompt_len)
@@ -109,26 +109,26 @@ class StepCore:
     def learn(self, n_drafted: int, draft_seconds: float, outcome: Outcome, step_seconds: float,
               schedule: bool = True) -> None:
         """Feed the policy after commit(). schedule=False: the step was served by a drafter other than the one
-        the K schedule describes (the pipeline's quick model-free draft)."""
+        the K schedule describes (the pipeline's model-free helper)."""
         measured = self.generated > len(outcome.tokens)  # the first step carries the prompt prefill
         self.policy.learn(n_drafted, outcome.n_accepted, outcome.tokens, draft_seconds, outcome.seconds,
                           step_seconds, measured, schedule)
 
 
-class DraftSource:
+class CheckedDrafter:
     """Checked drafting for a loop that drafts between verify steps: the drafter until its first fault (an
-    exception, a draft that breaks the contract, or no answer within draft_timeout_s), then the fallback,
+    exception, a draft that breaks the contract, or no answer within draft_timeout_s), then the helper,
     then nothing. A fault costs speed, never output; `take_fault()` reports it once, for the step's record.
     Drafters run on a helper thread so that one that hangs can be abandoned (a `bounded` one, whose calls
     return promptly, on the calling thread: a hand-off costs more than its lookup), and see the committed
     history as a tuple: nothing a drafter does can write to it."""
 
-    def __init__(self, drafter: Drafter | None, fallback: Drafter | None, config: GenerationConfig,
+    def __init__(self, drafter: Drafter | None, helper: Drafter | None, config: GenerationConfig,
                  vocab_size: int, timeline: Timeline, core: int | None = None) -> None:
         """core: run the drafter on this CPU core alone (a pinned Placement), else wherever the OS puts it (a
         bounded one runs on the calling thread)."""
         self.config, self.vocab_size, self.timeline = config, vocab_size, timeline
-        self.drafter, self.fallback, self.core = drafter, fallback, core
+        self.drafter, self.helper, self.core = drafter, helper, core
         self._fault: str | None = None
         self._caller = _caller_for(drafter, core)
         self._start()
@@ -137,12 +137,12 @@ class DraftSource:
     def active(self) -> bool:
         return self.drafter is not None
 
-    def propose(self, committed: Sequence[int], budget: int) -> Draft:
-        if self.drafter is None or budget <= 0:
+    def propose(self, committed: Sequence[int], k: int) -> Draft:
+        if self.drafter is None or k <= 0:
             return Draft.empty()
         try:
             with self.timeline.span(DRAFT, f"{self.drafter.name} draft") as span:
-                draft = check_draft(self._call(self.drafter.propose, tuple(committed), budget), budget,
+                draft = check_draft(self._call(self.drafter.propose, tuple(committed), k), k,
                                     self.vocab_size)
                 span["tokens"] = len(draft.tokens)
             return draft
@@ -173,8 +173,8 @@ class DraftSource:
 
     def _drop(self, exc: Exception) -> None:
         self._fault = drop_message(self.drafter, exc)
-        self.drafter, self.fallback = self.fallback, None
-        self._caller.close()  # a stuck helper thread is left there; a new one serves the fallback
+        self.drafter, self.helper = self.helper, None
+        self._caller.close()  # a stuck helper thread is left there; a new one serves the helper
         self._caller = _caller_for(self.drafter, self.core)
         self._start()
 
@@ -279,8 +279,8 @@ def drop_message(drafter: Drafter, exc: Exception) -> str:
     return reason
 
 
-def check_draft(draft: Draft, budget: int, vocab_size: int) -> Draft:
-    """A draft as the verifier may trust it, or ValueError: a Draft of at most `budget` integer token ids in
+def check_draft(draft: Draft, max_k: int, vocab_size: int) -> Draft:
+    """A draft as the target may trust it, or ValueError: a Draft of at most `max_k` integer token ids in
     the target vocabulary and, when sampled, one row of q per token that is a distribution (finite,
     non-negative, summing to 1 over the target vocabulary, as wide as it up to padding) giving its own token
     a positive probability. Returns it normalised (ids as
@@ -294,8 +294,8 @@ def check_draft(draft: Draft, budget: int, vocab_size: int) -> Draft:
         raise ValueError("draft token ids must be integers")
     tokens = [int(t) for t in tokens]
     k = len(tokens)
-    if k > budget:
-        raise ValueError(f"proposed {k} tokens, more than the {budget} asked for")
+    if k > max_k:
+        raise ValueError(f"proposed {k} tokens, more than the {max_k} asked for")
     if any(not (0 <= t < vocab_size) for t in tokens):
         raise ValueError(f"proposed token ids outside the target vocabulary [0, {vocab_size})")
     match = draft.match

@@ -2,7 +2,7 @@
 
 Placement decides whether they do (`shares_cpu`); when they do, the pipeline splits the cores
 (`overlap_threads`) and `CoreSharing` lends the draft's threads to the verify pass whenever the draft
-worker is idle. Both need the verifier to declare ThreadControl; without it nothing is switched.
+worker is idle. Both need the target to declare ThreadControl; without it nothing is switched.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from mirrorsd.contracts import CausalLM, ComputeKind, Drafter, ThreadControl, computes_on
 
 CPU_DRAFT_THREADS = 1
-"""Threads a draft computing on the CPU gets while a CPU verifier runs beside it (torch threads of the
+"""Threads a draft computing on the CPU gets while a CPU target runs beside it (torch threads of the
 draft worker, or the intra-op threads of an ONNX Runtime session on the CPU provider)."""
 
 
@@ -103,23 +103,23 @@ def draft_control(drafter: Drafter | None) -> ThreadControl | None:
     return drafter.model.lm.threads if drafter is not None and drafter.model is not None else None
 
 
-def shares_cpu(verifier: CausalLM, drafter: Drafter | None) -> bool:
+def shares_cpu(target: CausalLM, drafter: Drafter | None) -> bool:
     """Whether target and draft would both compute on the CPU's cores."""
-    return verifier.computes_on == "cpu" and computes_on(drafter) == "cpu"
+    return target.computes_on == "cpu" and computes_on(drafter) == "cpu"
 
 
-def cpu_draft_threads(verifier_computes_on: ComputeKind) -> int | None:
-    """Intra-op threads for an export loaded for the CPU provider beside this verifier (None: all)."""
-    return CPU_DRAFT_THREADS if verifier_computes_on == "cpu" else None
+def cpu_draft_threads(target_computes_on: ComputeKind) -> int | None:
+    """Intra-op threads for an export loaded for the CPU provider beside this target (None: all)."""
+    return CPU_DRAFT_THREADS if target_computes_on == "cpu" else None
 
 
-def overlap_threads(verifier: CausalLM, drafter: Drafter | None) -> tuple[int, int] | None:
+def overlap_threads(target: CausalLM, drafter: Drafter | None) -> tuple[int, int] | None:
     """(verify, draft) threads when both workers compute on the CPU: CPU_DRAFT_THREADS for the draft, the
-    rest of the verifier's threads for it, and CoreSharing lends it the draft's whenever the draft worker
-    is idle. None when they do not share the CPU (or the verifier's threads cannot be set)."""
-    if not shares_cpu(verifier, drafter) or verifier.threads is None:
+    rest of the target's threads for it, and CoreSharing lends it the draft's whenever the draft worker
+    is idle. None when they do not share the CPU (or the target's threads cannot be set)."""
+    if not shares_cpu(target, drafter) or target.threads is None:
         return None
-    return (max(1, verifier.threads.get_threads() - CPU_DRAFT_THREADS), CPU_DRAFT_THREADS)
+    return (max(1, target.threads.get_threads() - CPU_DRAFT_THREADS), CPU_DRAFT_THREADS)
 
 
 class CoreSharing:

@@ -1,8 +1,8 @@
-"""The verifier's verify-cost curve: what a pass over K drafted tokens costs, in plain decode steps.
+"""The target's verify-cost curve: what a pass over K drafted tokens costs, in plain decode steps.
 
 The K schedule needs it before a request has tried each K: on llama.cpp's CPU kernels the curve is
 neither linear nor monotone (a pass over 4 positions can cost less than one over 3, and a pass computes
-the output head at every row), so it is measured, once per verifier object and process, on a short
+the output head at every row), so it is measured, once per target object and process, on a short
 context (well under a second on a small model, a few seconds on a 1.5B one), and kept here.
 """
 
@@ -46,7 +46,7 @@ def covers(curve: tuple[float, ...] | None, max_k: int) -> bool:
 
 
 def remember(lm: CausalLM, curve: tuple[float, ...]) -> None:
-    """Keep a curve for this verifier (measured here, or read back from a CalibrationStore)."""
+    """Keep a curve for this target (measured here, or read back from a CalibrationStore)."""
     try:
         _curves[lm] = tuple(curve)
     except TypeError:  # not weak-referenceable: no curve kept
@@ -54,7 +54,7 @@ def remember(lm: CausalLM, curve: tuple[float, ...]) -> None:
 
 
 def known(lm: CausalLM) -> tuple[float, ...] | None:
-    """The curve measured for this verifier, if any (never measures)."""
+    """The curve measured for this target, if any (never measures)."""
     try:
         return _curves.get(lm)
     except TypeError:  # not weak-referenceable: no curve kept

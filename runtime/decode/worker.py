@@ -7,7 +7,7 @@ The worker keeps a *lookahead*: tokens drafted past the committed history on the
 step is fully accepted (its own guess at each bonus token included), up to `limit`. Given a Hint, it
 also drafts the likeliest early-exit branches (branches.py). Epochs let each side drop stale messages.
 With `rank_width` > 0 and a draft model that ranks, every drafted token carries the draft's top candidates at its
-position (Chunk.ranks): the verifier can build a step's Hint from them (branch_source "draft").
+position (Chunk.ranks): the target can build a step's Hint from them (branch_source "draft").
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Rebase:
     """The committed history left the lookahead: continue from committed + ahead."""
     epoch: int
     committed: tuple[int, ...]
-    ahead: tuple[int, ...]  # draft tokens the verifier already holds past committed (a branch hit)
+    ahead: tuple[int, ...]  # draft tokens the target already holds past committed (a branch hit)
     limit: int  # draft up to this absolute sequence length
     n_accepted: int | None  # feedback for drafter.accepted(); None when the request starts
 
@@ -50,7 +50,7 @@ class Advance:
 
 @dataclass(frozen=True)
 class Extend:
-    """The verifier wants a longer draft than the current limit allows."""
+    """The target wants a longer draft than the current limit allows."""
     limit: int
 
 
@@ -166,7 +166,7 @@ class DraftWorker:
         leave_signals_to_the_main_thread()
         try:
             if self.threads and self.model is not None and self.model.lm.threads is not None:
-                self.model.lm.threads.set_threads(self.threads)  # this thread's; the verifier keeps its own
+                self.model.lm.threads.set_threads(self.threads)  # this thread's; the target keeps its own
             with pinned(self.core, draft_control(self.drafter)):
                 self.drafter.start(self.config)
                 state = _State()
@@ -174,7 +174,7 @@ class DraftWorker:
                     if not self._receive(state):
                         return
                     self._work(state)
-        except BaseException as exc:  # noqa: BLE001 - whatever kills the worker must reach the verifier
+        except BaseException as exc:  # noqa: BLE001 - whatever kills the worker must reach the target
             self.verify_queue.put(WorkerFailed(f"{type(exc).__name__}: {exc}"))
         finally:
             self.drafting = False
@@ -229,7 +229,7 @@ class DraftWorker:
                 state.stalled = True
                 self.verify_queue.put(Stalled(state.epoch, len(state.seq)))
 
-    def _draft(self, context: list[int], max_tokens: int,
+    def _draft(self, context: list[int], k: int,
                what: str) -> tuple[list[int], np.ndarray | None, Ranks | None]:
         """A single token from a draft model (so the worker can react to new messages between tokens),
         or a whole proposal from a model-free drafter; with the draft's top candidates when ranking."""
@@ -245,9 +245,9 @@ class DraftWorker:
             if self.model is not None:
                 rows = [q for _, q in pairs if q is not None]
                 draft = Draft([t for t, _ in pairs], np.stack(rows) if rows else None, self.drafter.name)
-                draft = check_draft(draft, min(max_tokens, 1), self.vocab_size)
+                draft = check_draft(draft, min(k, 1), self.vocab_size)
             else:  # the drafter sees a tuple: it cannot write to the worker's history
-                draft = check_draft(self.drafter.propose(tuple(context), max_tokens), max_tokens, self.vocab_size)
+                draft = check_draft(self.drafter.propose(tuple(context), k), k, self.vocab_size)
             span["tokens"] = len(draft.tokens)
         if draft.tokens and self._prefilled:
             self.token_seconds.update((time.perf_counter() - start) / len(draft.tokens))

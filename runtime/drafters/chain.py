@@ -36,10 +36,10 @@ class ChainDrafter:
         for d in self.drafters:
             d.start(config)
 
-    def propose(self, committed: Sequence[int], max_tokens: int) -> Draft:
+    def propose(self, committed: Sequence[int], k: int) -> Draft:
         best, best_key, self._served = Draft.empty(self.name), None, None
         for i, d in enumerate(self.drafters):
-            draft = d.propose(committed, max_tokens)
+            draft = d.propose(committed, k)
             if not draft.tokens:
                 continue
             bucket = (i, min(draft.match, 8))

@@ -12,10 +12,10 @@ import numpy as np
 SEPARATOR = -1  # between documents: never matched, ends every continuation
 
 
-def draft_length_for_match(match_length: int, max_tokens: int) -> int:
+def draft_length_for_match(match_length: int, k: int) -> int:
     """Longer matches predict further: a 1-token match drafts up to 4 tokens, 2 -> 6, 3+ -> all of K
     (chosen by replaying real greedy answers through the drafters: docs/measurements.md)."""
-    return max_tokens if match_length >= 3 else min(max_tokens, 2 * match_length + 2)
+    return k if match_length >= 3 else min(k, 2 * match_length + 2)
 
 
 def continuation_matrix(tokens: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:

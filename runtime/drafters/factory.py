@@ -66,7 +66,7 @@ def make_drafter(spec: str | Drafter | None, target_tokenizer, target_name: str 
     return ModelDrafter(loaded.lm)
 
 
-def fallback_for(drafter: Drafter | None) -> Drafter | None:
+def helper_for(drafter: Drafter | None) -> Drafter | None:
     """The model-free drafter beside a draft model: n-gram (free to set up; retrieval would first need a
     datastore for this tokenizer). The pipeline lets it serve the steps where its draft, made at once,
     beats waiting for the model's, and every step once the draft model fails; then plain decoding."""

@@ -50,27 +50,27 @@ class ModelDrafter:
         key = hashlib.blake2b(np.asarray(context, dtype=np.int64).tobytes(), digest_size=8).digest()
         return np.random.default_rng([self._config.seed, 1, int.from_bytes(key, "little")])
 
-    def propose_iter(self, committed: Sequence[int], max_tokens: int) -> Iterator[tuple[int, np.ndarray | None]]:
+    def propose_iter(self, committed: Sequence[int], k: int) -> Iterator[tuple[int, np.ndarray | None]]:
         """Draft tokens one at a time: (token, q row or None when greedy). The pipeline's draft worker
         uses this to check for newer instructions between tokens."""
-        for token, q, _ in self._drafted(committed, max_tokens):
+        for token, q, _ in self._drafted(committed, k):
             yield token, q
 
-    def propose_ranked(self, committed: Sequence[int], max_tokens: int,
+    def propose_ranked(self, committed: Sequence[int], k: int,
                        kappa: int) -> Iterator[tuple[int, np.ndarray | None, np.ndarray, np.ndarray]]:
         """As propose_iter, with the top-kappa ids and log-probabilities of each token's distribution (the
         processed one it was drafted from): Mirror-SD branch candidates from the draft (its ranking)."""
-        for token, q, scores in self._drafted(committed, max_tokens):
+        for token, q, scores in self._drafted(committed, k):
             # greedy: penalised logits; sampling: the processed probabilities (q)
             logp = torch.log_softmax(scores.float(), dim=-1) if q is None else torch.log(scores.float())
             top_logp, top_ids = torch.topk(logp, min(kappa, logp.shape[-1]))
             yield token, q, top_ids.cpu().numpy(), top_logp.cpu().numpy()
 
-    def _drafted(self, committed: Sequence[int], max_tokens: int):
+    def _drafted(self, committed: Sequence[int], k: int):
         """(token, q row or None, processed scores [V]) per drafted position."""
         cfg = self._config
         context = list(committed)
-        for _ in range(min(max_tokens, self.lm.max_context - len(context))):
+        for _ in range(min(k, self.lm.max_context - len(context))):
             logits = self.lm.score(context)  # [1, V]; feeds only what the cache lacks
             scores = next_token_scores(logits, cfg.sampling, context)[0]  # [V]
             if cfg.greedy:
@@ -81,8 +81,8 @@ class ModelDrafter:
             yield token, q, scores
             context.append(token)
 
-    def propose(self, committed: Sequence[int], max_tokens: int) -> Draft:
-        pairs = list(self.propose_iter(committed, max_tokens))
+    def propose(self, committed: Sequence[int], k: int) -> Draft:
+        pairs = list(self.propose_iter(committed, k))
         probs = [q for _, q in pairs if q is not None]
         return Draft([t for t, _ in pairs], np.stack(probs) if probs else None, self.name)
 

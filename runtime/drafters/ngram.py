@@ -36,14 +36,14 @@ class NGramDrafter:
     def start(self, config: GenerationConfig) -> None:
         pass  # stateless: the committed history is all it needs
 
-    def propose(self, committed: Sequence[int], max_tokens: int) -> Draft:
-        if max_tokens <= 0 or len(committed) < 2:
+    def propose(self, committed: Sequence[int], k: int) -> Draft:
+        if k <= 0 or len(committed) < 2:
             return Draft.empty(self.name)
         seq = np.asarray(committed, dtype=np.int64)  # [L]
         for n, ends in self._matches(seq):
             hits = ends[-self.max_occurrences:]
             if hits.size:
-                cont = continuation_matrix(seq, hits + 1, draft_length_for_match(n, max_tokens))
+                cont = continuation_matrix(seq, hits + 1, draft_length_for_match(n, k))
                 tokens, _ = likeliest_path(cont, self.min_share)
                 if tokens:
                     return Draft(tokens, None, self.name, match=n)

@@ -14,7 +14,7 @@ from mirrorsd.apps.bench import QUICK, BenchOptions, Cell, _decode_speedup, _tps
 from mirrorsd.apps.bench_configs import CONFIGS, ONNX_TARGET_ONLY, TARGET_ONLY, BenchConfig, ours
 from mirrorsd.apps.prompt_suite import CATEGORIES, bundled_suite, load_workload
 from mirrorsd.errors import PromptError
-from mirrorsd.exporters import export_draft, export_verifier
+from mirrorsd.exporters import export_draft, export_target
 from mirrorsd.runtime.drafters.retrieval.datastore import build_datastore
 
 BROKEN = "output-altering configuration (broken on purpose)"
@@ -41,11 +41,11 @@ def bench_report(tmp_path_factory, tokenizer):
     draft = make_model(tokenizer, seed=1, sharpness=30.0, context=4096)
     export = tmp / "draft-export"  # the same draft, exported for ONNX Runtime (the exported-draft rows)
     export_draft(draft, export, profile="dynamic", max_context=4096, tokenizer=tokenizer, validate=False)
-    verifier = tmp / "verifier-export"  # the target, exported for the ONNX verifier rows
-    export_verifier(target, verifier, quant="none", max_context=4096, tokenizer=tokenizer, validate=False)
+    verifier = tmp / "verifier-export"  # the target, exported for the ONNX Runtime rows
+    export_target(target, verifier, quant="none", max_context=4096, tokenizer=tokenizer, validate=False)
     broken = BenchConfig(BROKEN, lambda ctx: altering(ours(ctx, None), len(tokenizer)))
     opts = BenchOptions(**{**QUICK, "target": "tiny-llama", "draft_model": "tiny-llama-draft",
-                           "max_new_tokens": 24}, draft_export=str(export), verifier_export=str(verifier),
+                           "max_new_tokens": 24}, draft_export=str(export), target_export=str(verifier),
                         out=str(tmp / "out"))
     report = run_bench(opts, engine=Engine(target, tokenizer, name="tiny-llama"), draft_lm=draft, datastore=store,
                        configs=[*CONFIGS, broken])
@@ -107,7 +107,7 @@ def test_report_files_are_well_formed(bench_report):
     assert set(exported["drafters"]) - {"none", "ngram", "grammar"} == {"onnx:CPU"}
     assert {"torch", "transformers", "python"} <= set(on_disk["versions"])
     peers = {(c["ours"], c["peer"]) for c in on_disk["ours_vs_peers"]}
-    assert ("draft model, sequential (ours)", "assisted generation (transformers)") in peers
+    assert ("draft model (ours)", "assisted generation (transformers)") in peers
     md = (out / "report.md").read_text()
     header = next(line for line in md.splitlines() if line.startswith("| configuration"))
     table = [line for line in md.splitlines() if line.startswith("| ") and line.count("|") == header.count("|")]
@@ -296,7 +296,7 @@ def test_ctrl_c_writes_a_partial_report_of_the_finished_prompts_and_exits_130(tm
                     reason="needs per-thread affinity and two cores")
 def test_pin_devices_runs_every_mode_pinned_and_token_equal(tmp_path):
     """`bench --pin-devices` on smollm2-135m drafting for itself (torch, and its GGUF on llama.cpp): target-only
-    and each draft sequential / overlap / branches, the verify side on one core and the draft side on another."""
+    and each draft with the pipeline off / overlap / branches, the verify side on one core and the draft side on another."""
     pytest.importorskip("llama_cpp")
     from mirrorsd.apps.bench_configs import PINNED
 

@@ -199,7 +199,21 @@ def test_the_old_verifier_device_spelling_is_a_hidden_alias_of_device():
     shown = run("generate", "--help")
     assert "--device" in shown.stdout and "--verifier-device" not in shown.stdout
     placed = run("devices", "--verifier-device=cpu")
-    assert placed.returncode == 0 and "verifier -> cpu: asked for (--device)" in placed.stdout
+    assert placed.returncode == 0 and "target   -> cpu: asked for (--device)" in placed.stdout
+
+
+def test_the_earlier_names_of_the_pipeline_off_and_the_target_export_are_hidden_aliases(tiny_folder, tmp_path):
+    """`--pipeline sequential` is the pipeline off; `--role verifier` a target export; `--verifier-export` the
+    bench's --target-export: accepted, and absent from the help."""
+    shown = run("generate", "--help").stdout + run("export", "--help").stdout + run("bench", "--help").stdout
+    assert "sequential" not in shown and "verifier" not in shown and "--target-export" in shown
+    out = run("generate", "--target", str(tiny_folder), "--draft", "ngram", "--pipeline", "sequential", "--raw",
+              "--max-new-tokens", "4", "--json", "def f(x):")
+    assert out.returncode == 0 and json.loads(out.stdout)["stats"]["pipeline"] == "off", out.stderr
+    export = run("export", "--role", "verifier", "--model", str(tiny_folder), "--out", str(tmp_path / "t"),
+                 "--no-validate")
+    assert export.returncode == 0, export.stderr
+    assert json.loads((tmp_path / "t" / "manifest.json").read_text())["role"] == "target"
 
 
 def test_rm_frees_a_cached_model_and_names_what_is_not_cached(tmp_path):

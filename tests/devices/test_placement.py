@@ -34,7 +34,7 @@ DYN_INT4 = ExportInfo("x/dyn-int4", "onnx", "dynamic", "int4")
 COREML = ExportInfo("x/coreml", "coreml", "npu", "none")
 ALL = [DYN_INT4, NPU_FP32, NPU_INT8, COREML]
 
-# machine -> (verifier, draft with every export on offer under --draft auto: (export path, backend) or "chain")
+# machine -> (target, draft with every export on offer under --draft auto: (export path, backend) or "chain")
 AUTO_TABLE = {
     "mac": ("mps", ("x/coreml", "coreml")),
     "snapdragon": ("cpu", ("x/npu-int8", "QNNExecutionProvider")),  # QNN's HTP runs int8 QDQ best
@@ -46,12 +46,12 @@ AUTO_TABLE = {
 
 @pytest.mark.parametrize("machine", list(AUTO_TABLE))
 def test_auto_placement_table(machine):
-    verifier, draft = AUTO_TABLE[machine]
+    target, draft = AUTO_TABLE[machine]
     p = place(MACHINES[machine], ALL)
-    assert p.verifier == verifier
+    assert p.target == target
     got = "chain" if p.draft == "chain" else (p.draft_export, p.draft_backend)
     assert got == draft, p
-    assert p.draft_reason and p.verifier_reason
+    assert p.draft_reason and p.target_reason
 
 
 @pytest.mark.parametrize("machine", list(MACHINES))
@@ -83,10 +83,10 @@ def test_an_export_asked_for_by_name_runs_on_the_cpu_provider_without_an_npu():
 
 
 def test_user_overrides_win():
-    p = place(MACHINES["snapdragon"], [NPU_INT8], draft_device="cpu", verifier_device="cpu")
-    assert (p.verifier, p.draft_backend) == ("cpu", "CPUExecutionProvider") and "asked for" in p.draft_reason
-    p = place(MACHINES["nvidia"], [NPU_FP32], explicit=True, draft_device="cuda", verifier_device="cuda:1")
-    assert (p.verifier, p.draft_backend) == ("cuda:1", "CUDAExecutionProvider")
+    p = place(MACHINES["snapdragon"], [NPU_INT8], draft_device="cpu", target_device="cpu")
+    assert (p.target, p.draft_backend) == ("cpu", "CPUExecutionProvider") and "asked for" in p.draft_reason
+    p = place(MACHINES["nvidia"], [NPU_FP32], explicit=True, draft_device="cuda", target_device="cuda:1")
+    assert (p.target, p.draft_backend) == ("cuda:1", "CUDAExecutionProvider")
     p = place(MACHINES["this"], [DYN_INT4], draft_device="qnn")  # QNN cannot run a dynamic int4 export
     assert p.draft == "chain" and "QNNExecutionProvider" in p.draft_reason
 

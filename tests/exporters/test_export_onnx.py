@@ -95,7 +95,7 @@ def target_only(model, tokenizer, prompt, cfg):
 
 @pytest.mark.parametrize("name", ["self-npu", "other-npu", "self-dynamic", "self-npu-int8", "self-dynamic-int4"])
 def test_engine_with_the_onnx_drafter_is_token_equal_to_target_only(exports, name, target_model, tokenizer):
-    for pipeline in ("overlap", "sequential"):  # overlap: the two-queue pipeline drafts on its worker thread
+    for pipeline in ("overlap", "off"):  # overlap: the two-queue pipeline drafts on its worker thread
         check_token_equal(exports[name], name, target_model, tokenizer,
                           GenerationConfig(max_new_tokens=60, num_draft_tokens=4, pipeline=pipeline))
 
@@ -249,11 +249,11 @@ def test_an_export_on_the_cpu_provider_shares_the_cores_with_a_cpu_target(export
     assert session.get_session_options().intra_op_num_threads == CPU_DRAFT_THREADS
     assert computes_on(drafter) == "cpu"
     cores = torch.get_num_threads()
-    assert overlap_threads(engine.verifier, drafter) == (max(1, cores - CPU_DRAFT_THREADS), CPU_DRAFT_THREADS)
+    assert overlap_threads(engine.target, drafter) == (max(1, cores - CPU_DRAFT_THREADS), CPU_DRAFT_THREADS)
     on_gpu = SimpleNamespace(computes_on="gpu", threads=None)
     assert overlap_threads(on_gpu, drafter) is None
     for provider in ("CoreMLExecutionProvider", "QNNExecutionProvider", "OpenVINOExecutionProvider"):
         assert compute_kind(provider) == "npu"
         on_npu = ModelDrafter(SimpleNamespace(backend=provider, computes_on=compute_kind(provider)), name="npu")
-        assert computes_on(on_npu) == "npu" and overlap_threads(engine.verifier, on_npu) is None
+        assert computes_on(on_npu) == "npu" and overlap_threads(engine.target, on_npu) is None
     assert compute_kind("CUDAExecutionProvider") == "gpu" and compute_kind("CPUExecutionProvider") == "cpu"

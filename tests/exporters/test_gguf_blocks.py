@@ -16,7 +16,7 @@ from gguf_files import load_gguf_weights, quantize_gguf, write_llama_gguf
 from helpers import invariance_tokens, run
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.errors import ConfigError, ExportError
-from mirrorsd.exporters import export_verifier, read_manifest, validate_export
+from mirrorsd.exporters import export_target, read_manifest, validate_export
 from mirrorsd.exporters.gguf_blocks import FORMS, carry, dequantize
 from mirrorsd.runtime.backends.invariance import check_batch_invariance
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
@@ -46,7 +46,7 @@ def q4km(tmp_path_factory, tokenizer, f32_gguf):
     root = tmp_path_factory.mktemp("q4km")
     path = quantize_gguf(f32_gguf, root / "wide-q4km.gguf", "Q4_K_M")
     model = load_gguf_weights(wide_llama(tokenizer), path)
-    export_verifier(model, root / "export", quant="gguf", gguf=path, max_context=256, tokenizer=tokenizer)
+    export_target(model, root / "export", quant="gguf", gguf=path, max_context=256, tokenizer=tokenizer)
     return model, path, root / "export"
 
 
@@ -108,19 +108,19 @@ def test_with_float_activations_the_graph_computes_the_gguf_models_logits(q4km, 
 def test_the_gguf_export_is_batch_invariant_and_declared_so(q4km):
     """Q4_K and Q6_K blocks in MatMulNBits with int8 activations: every row of a verify pass of 1..17
     positions equals one-token decoding bit for bit, after whole and chunked prefills."""
-    lm = Engine.load(str(q4km[2]), draft=None).verifier
+    lm = Engine.load(str(q4km[2]), draft=None).target
     assert lm.exact_batches
     report = check_batch_invariance(lm, invariance_tokens(300, 230), offsets=(9, 200))
     assert report.exact, report.summary()
 
 
-@pytest.mark.parametrize("pipeline", ["sequential", "overlap"])
+@pytest.mark.parametrize("pipeline", ["off", "overlap"])
 def test_speculation_on_the_gguf_export_is_token_equal_to_its_target_only(q4km, pipeline):
     model, _, export = q4km
     engine = Engine.load(str(export), draft=None)
     engine.eos_ids = frozenset()
     for drafter in (NGramDrafter(), ModelDrafter(TorchCausalLM(model))):
-        spec = engine.with_drafter(drafter, fallback=None)
+        spec = engine.with_drafter(drafter, helper=None)
         for prompt in PROMPTS:
             want = engine.generate(prompt, GenerationConfig(max_new_tokens=32)).token_ids
             got = spec.generate(prompt, GenerationConfig(max_new_tokens=32, num_draft_tokens=4,
@@ -130,15 +130,15 @@ def test_speculation_on_the_gguf_export_is_token_equal_to_its_target_only(q4km, 
 
 def test_bad_input_is_a_clear_error(q4km, tokenizer, target_model, tmp_path, f32_gguf, tiny_folder):
     model, path, _ = q4km
-    cli = run("export", "--model", str(tiny_folder), "--role", "verifier", "--quant", "gguf", "--out", str(tmp_path / "x"))
+    cli = run("export", "--model", str(tiny_folder), "--role", "target", "--quant", "gguf", "--out", str(tmp_path / "x"))
     assert cli.returncode != 0 and "mirrorsd: error:" in cli.stderr and "not a GGUF" in cli.stderr
     assert "Traceback" not in cli.stderr and not (tmp_path / "x").exists()
     with pytest.raises(ConfigError, match="not a GGUF"):
-        export_verifier(target_model, tmp_path / "a", quant="gguf", tokenizer=tokenizer)
+        export_target(target_model, tmp_path / "a", quant="gguf", tokenizer=tokenizer)
     with pytest.raises(ConfigError, match="not found"):
-        export_verifier(model, tmp_path / "b", quant="gguf", gguf=tmp_path / "missing.gguf", tokenizer=tokenizer)
+        export_target(model, tmp_path / "b", quant="gguf", gguf=tmp_path / "missing.gguf", tokenizer=tokenizer)
     with pytest.raises(ExportError, match="none of the graph's weights"):  # another model's file
-        export_verifier(target_model, tmp_path / "c", quant="gguf", gguf=path, tokenizer=tokenizer)
+        export_target(target_model, tmp_path / "c", quant="gguf", gguf=path, tokenizer=tokenizer)
     assert not (tmp_path / "c").exists()
     with pytest.raises(ConfigError, match="MatMulNBits"):
         from mirrorsd.exporters import export_draft
@@ -151,10 +151,10 @@ def test_a_matrix_the_file_does_not_hold_stays_float32_and_is_counted(tokenizer,
     model = load_gguf_weights(wide_llama(tokenizer), path)
     with torch.no_grad():
         model.lm_head.weight[0, 0] += 1.0  # no longer the file's output.weight
-    manifest = export_verifier(model, tmp_path / "e", quant="gguf", gguf=path, tokenizer=tokenizer, validate=False)
+    manifest = export_target(model, tmp_path / "e", quant="gguf", gguf=path, tokenizer=tokenizer, validate=False)
     assert manifest["graphs"]["model"]["carried"] == {"Q4_K": 12, "Q6_K": 2}
     assert manifest["graphs"]["model"]["float32"] == {"not a quantized tensor of the GGUF": 1}
     assert "1 weight matrices kept float32" in manifest["quant_form"]
     with pytest.raises(ExportError, match="none of the graph's weights"):  # an F32 file has no blocks to carry
-        export_verifier(load_gguf_weights(wide_llama(tokenizer), f32_gguf), tmp_path / "f", quant="gguf",
+        export_target(load_gguf_weights(wide_llama(tokenizer), f32_gguf), tmp_path / "f", quant="gguf",
                         gguf=f32_gguf, tokenizer=tokenizer)

@@ -29,7 +29,7 @@ def test_smollm2_npu_export_validates(smol_export):
 def test_engine_with_the_smollm2_export_is_token_equal(smol_export):
     folder, _ = smol_export
     engine = Engine.load(target="smollm2-135m", draft=str(folder), draft_device="cpu", backend="torch")
-    plain = Engine(engine.verifier.model, engine.tokenizer, None)
+    plain = Engine(engine.target.model, engine.tokenizer, None)
     engine.eos_ids = plain.eos_ids = frozenset()
     assert engine.drafter.name == "onnx:CPU"
     cfg = GenerationConfig(max_new_tokens=40)
@@ -42,7 +42,7 @@ def test_engine_with_the_smollm2_export_is_token_equal(smol_export):
     # not ready in time (as many as the machine's timing says), and those are often rejected: the model's own
     # rate is the measure.
     assert result.stats.acceptance_by_drafter["onnx:CPU"] > 0.9, result.stats
-    fixed = GenerationConfig(max_new_tokens=40, pipeline="sequential", adaptive_k=False, num_draft_tokens=4)
+    fixed = GenerationConfig(max_new_tokens=40, pipeline="off", adaptive_k=False, num_draft_tokens=4)
     result = engine.generate(messages, fixed)
     assert result.token_ids == expected
     assert set(result.stats.drafters) <= {"onnx:CPU", "none"}, result.stats.drafters

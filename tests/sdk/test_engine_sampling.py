@@ -14,8 +14,8 @@ from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 PROMPT = "The quick brown fox"
 
 
-@pytest.mark.parametrize("drafter_kind,pipeline", [("other-model", "sequential"), ("other-model", "branches"),
-                                                    ("ngram", "sequential"), ("ngram", "overlap")])
+@pytest.mark.parametrize("drafter_kind,pipeline", [("other-model", "off"), ("other-model", "branches"),
+                                                    ("ngram", "off"), ("ngram", "overlap")])
 def test_speculative_sampling_matches_target_distribution(drafter_kind, pipeline, target_model, other_model, tokenizer):
     cfg = GenerationConfig(temperature=0.8, max_new_tokens=2, num_draft_tokens=2, adaptive_k=False,
                            pipeline=pipeline, early_exit_layer=1)

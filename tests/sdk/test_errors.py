@@ -61,6 +61,13 @@ def test_invalid_generation_settings(kwargs, match):
     assert info.value.hint and isinstance(info.value, ValueError)
 
 
+def test_the_earlier_pipeline_spelling_is_the_pipeline_off():
+    from mirrorsd.config import SpeculativeConfig
+
+    assert GenerationConfig(pipeline="sequential").pipeline == "off" == GenerationConfig(pipeline="sequential").speculative.pipeline
+    assert SpeculativeConfig(pipeline="sequential").pipeline == "off"
+
+
 def test_settings_beside_a_config_are_checked_and_a_bare_stop_string_is_one_stop(target_model, tokenizer):
     engine = Engine(target_model, tokenizer, None)
     with pytest.raises(ConfigError, match="max_new_tokens"):

@@ -27,7 +27,7 @@ def smol():
 
 
 def hf_greedy(engine, ids, n):
-    out = engine.verifier.model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+    out = engine.target.model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
                                          eos_token_id=None, pad_token_id=0)
     return out[0, len(ids):].tolist()
 
@@ -42,8 +42,8 @@ def test_greedy_equality_on_smollm2(smol, kind):
             smol.drafter = None
             target_only = smol.generate(ids, cfg)
             assert target_only.token_ids == hf_greedy(smol, ids, 48)
-            smol.drafter = {"ngram": NGramDrafter, "random": lambda: RandomTokenDrafter(smol.verifier.vocab_size),
-                            "self-draft": lambda: ModelDrafter(TorchCausalLM(smol.verifier.model))}[kind]()
+            smol.drafter = {"ngram": NGramDrafter, "random": lambda: RandomTokenDrafter(smol.target.vocab_size),
+                            "self-draft": lambda: ModelDrafter(TorchCausalLM(smol.target.model))}[kind]()
             spec = smol.generate(ids, cfg)
             assert spec.token_ids == target_only.token_ids, messages
             if kind == "self-draft":  # the target as its own draft: every drafted token is accepted
@@ -108,7 +108,7 @@ CPP_PROMPTS = PROMPTS + [[{"role": "user", "content": "Write a haiku about the s
                          [{"role": "user", "content": "Write a Python function that reverses a string."}]]
 
 
-@pytest.mark.parametrize("mode", ["sequential", "overlap", "branches"])
+@pytest.mark.parametrize("mode", ["off", "overlap", "branches"])
 @pytest.mark.parametrize("kind", ["ngram", "chain", "self-draft", "random"])
 def test_greedy_equality_on_smollm2_on_llamacpp(smol_cpp, kind, mode):
     """The catalog's Q4_1 GGUF as it is: every drafter in every mode gives exactly llama.cpp's own target-only
@@ -116,7 +116,7 @@ def test_greedy_equality_on_smollm2_on_llamacpp(smol_cpp, kind, mode):
     from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM
     from mirrorsd.runtime.drafters.factory import make_drafter
 
-    assert smol_cpp.verifier.backend == "llamacpp:cpu" and smol_cpp.verifier.exact_batches
+    assert smol_cpp.target.backend == "llamacpp:cpu" and smol_cpp.target.exact_batches
     smol_cpp.eos_ids, saved = frozenset(), smol_cpp.eos_ids
     cfg = GenerationConfig(max_new_tokens=40, pipeline=mode)
     try:
@@ -127,12 +127,12 @@ def test_greedy_equality_on_smollm2_on_llamacpp(smol_cpp, kind, mode):
             assert target_only.stats.backend == "llamacpp:cpu"
             smol_cpp.drafter = {"ngram": NGramDrafter,
                                 "chain": lambda: make_drafter("chain", smol_cpp.tokenizer, "smollm2-135m"),
-                                "random": lambda: RandomTokenDrafter(smol_cpp.verifier.vocab_size),
-                                "self-draft": lambda: ModelDrafter(LlamaCppLM(smol_cpp.verifier.path))}[kind]()
+                                "random": lambda: RandomTokenDrafter(smol_cpp.target.vocab_size),
+                                "self-draft": lambda: ModelDrafter(LlamaCppLM(smol_cpp.target.path))}[kind]()
             spec = smol_cpp.generate(ids, cfg)
             assert spec.token_ids == target_only.token_ids, (messages, mode)
-            if kind == "self-draft" and mode == "sequential":  # its own one-token decoding: all accepted
-                fixed = smol_cpp.generate(ids, GenerationConfig(max_new_tokens=40, pipeline="sequential",
+            if kind == "self-draft" and mode == "off":  # its own one-token decoding: all accepted
+                fixed = smol_cpp.generate(ids, GenerationConfig(max_new_tokens=40, pipeline="off",
                                                                 adaptive_k=False, num_draft_tokens=4))
                 assert fixed.token_ids == target_only.token_ids
                 drafted, accepted = fixed.stats.drafter_tokens[smol_cpp.drafter.name]
@@ -147,14 +147,14 @@ def test_seeded_sampling_is_the_same_in_every_mode_on_llamacpp(smol_cpp):
     from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM
 
     ids = smol_cpp.encode(CPP_PROMPTS[3])
-    smol_cpp.drafter = ModelDrafter(LlamaCppLM(smol_cpp.verifier.path))
+    smol_cpp.drafter = ModelDrafter(LlamaCppLM(smol_cpp.target.path))
     try:
         runs = {mode: smol_cpp.generate(ids, GenerationConfig(max_new_tokens=40, temperature=0.8, seed=7,
                                                               pipeline=mode)).token_ids
-                for mode in ("sequential", "overlap", "branches")}
+                for mode in ("off", "overlap", "branches")}
     finally:
         smol_cpp.drafter = None
-    assert runs["sequential"] == runs["overlap"] == runs["branches"], runs
+    assert runs["off"] == runs["overlap"] == runs["branches"], runs
 
 
 def test_llamacpp_chat_stops_at_eos_with_readable_text(smol_cpp):
@@ -181,10 +181,10 @@ def test_a_grammar_clipped_draft_holds_only_tokens_the_grammar_masks_allow(smol_
     smol_cpp.reset()
     reply = smol_cpp.generate(prompt.request, cfg).token_ids
     constraint = smol_cpp.constraint(cfg)
-    core = StepCore(smol_cpp.verifier, smol_cpp.encode(prompt.request), cfg, 48, constraint=constraint)
+    core = StepCore(smol_cpp.target, smol_cpp.encode(prompt.request), cfg, 48, constraint=constraint)
     for token in reply[:-1]:
         allowed = constraint.masks([])[0]
-        logits = smol_cpp.verifier.score(core.committed, [])[0]
+        logits = smol_cpp.target.score(core.committed, [])[0]
         for candidate in torch.topk(logits.float(), 20).indices.tolist():
             kept = core.prepare(Draft([candidate], None, "test"), 4)
             if kept.source == "test" and kept.tokens:

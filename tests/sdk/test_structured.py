@@ -37,7 +37,7 @@ SCHEMA = {
 def engines(target_model, other_model, tokenizer):
     yield Engine(target_model, tokenizer, None)  # constrained target-only: the reference
     for drafter in (NGramDrafter(), ModelDrafter(TorchCausalLM(target_model)), ModelDrafter(TorchCausalLM(other_model))):
-        yield Engine(target_model, tokenizer, drafter, fallback=None)
+        yield Engine(target_model, tokenizer, drafter, helper=None)
 
 
 def plain_constrained_greedy(model, tokenizer, prompt: str, schema: dict, n: int) -> list[int]:
@@ -61,7 +61,7 @@ def plain_constrained_greedy(model, tokenizer, prompt: str, schema: dict, n: int
     return out
 
 
-@pytest.mark.parametrize("mode", ["sequential", "overlap", "branches"])
+@pytest.mark.parametrize("mode", ["off", "overlap", "branches"])
 def test_greedy_structured_output_is_valid_and_token_equal_to_constrained_target_only(
         mode, target_model, other_model, tokenizer):
     cfg = GenerationConfig(max_new_tokens=60, num_draft_tokens=4, json_schema=SCHEMA, pipeline=mode)
@@ -89,8 +89,8 @@ def test_constrained_target_only_matches_a_plain_constrained_loop(target_model, 
 
 
 def test_regex_and_lark_grammars_constrain_every_mode(target_model, tokenizer):
-    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(target_model)), fallback=None)
-    for mode in ("sequential", "overlap"):
+    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(target_model)), helper=None)
+    for mode in ("off", "overlap"):
         text = engine.generate(PROMPTS[1], max_new_tokens=30, regex=r"[0-9]{3}-[0-9]{4}", pipeline=mode).text
         assert len(text) == 8 and text[3] == "-" and (text[:3] + text[4:]).isdigit(), text
         lark = 'start: "yes" | "no" | "maybe " NUMBER\nNUMBER: /[0-9]/'
@@ -122,7 +122,7 @@ def test_sampling_under_a_grammar_follows_the_constrained_target(target_model, t
                            regex=r"[^0-9.]{2,20}")
     # The target drafting for itself unconstrained: its drafts are often forbidden, and its q is not the
     # constrained p, so both clipping and the accept/residual arithmetic are exercised.
-    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(target_model)), fallback=None)
+    engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(target_model)), helper=None)
     engine.eos_ids = frozenset()
     p1, p2 = exact_first_two_constrained(engine, target_model, tokenizer, cfg, PROMPTS[1])
     free, _ = exact_first_two(target_model, tokenizer, replace(cfg, regex=None), PROMPTS[1])
@@ -144,7 +144,7 @@ def test_bad_structure_settings_are_config_errors(settings, message):
 @pytest.mark.parametrize("settings", [{"regex": "(unclosed"}, {"grammar": "start: missing_rule"},
                                       {"json_schema": {"type": "no-such-type"}}])
 def test_an_invalid_grammar_is_refused_before_any_token(settings, target_model, tokenizer):
-    engine = Engine(target_model, tokenizer, NGramDrafter(), fallback=None)
+    engine = Engine(target_model, tokenizer, NGramDrafter(), helper=None)
     with pytest.raises(ConfigError, match="grammar is invalid"):
         engine.stream(PROMPTS[0], max_new_tokens=5, **settings)
     assert engine.generate(PROMPTS[0], max_new_tokens=5).token_ids  # the engine serves on

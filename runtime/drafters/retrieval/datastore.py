@@ -179,7 +179,7 @@ class Datastore:
 
     # -- lookup --------------------------------------------------------------------------------
 
-    def match(self, context: Sequence[int], max_tokens: int, min_match: int = 2, max_match: int = 16,
+    def match(self, context: Sequence[int], k: int, min_match: int = 2, max_match: int = 16,
               max_occurrences: int = 256, min_share: float = 0.2, min_support: int = 2,
               unique_match: int = 8) -> Match | None:
         """Longest suffix of context (min_match..max_match tokens) found in the datastore, and the most
@@ -205,7 +205,7 @@ class Datastore:
             take = max(1, round(max_occurrences * (hi - lo) / total))
             picks = np.unique(np.linspace(lo, hi - 1, num=min(take, hi - lo)).astype(np.int64))
             starts = np.sort(np.asarray(sa[picks], dtype=np.int64)) + length
-            rows.append(continuation_matrix(tokens, starts, max_tokens))
+            rows.append(continuation_matrix(tokens, starts, k))
         path, support = likeliest_path(np.concatenate(rows), min_share,
                                        1 if length >= unique_match else min_support)
         return Match(length, support, path)

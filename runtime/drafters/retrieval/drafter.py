@@ -30,13 +30,13 @@ class RetrievalDrafter:
     def start(self, config: GenerationConfig) -> None:
         pass
 
-    def propose(self, committed: Sequence[int], max_tokens: int) -> Draft:
-        if max_tokens <= 0:
+    def propose(self, committed: Sequence[int], k: int) -> Draft:
+        if k <= 0:
             return Draft.empty(self.name)
-        match = self.datastore.match(committed, max_tokens, self.min_match, self.max_match, min_share=self.min_share)
+        match = self.datastore.match(committed, k, self.min_match, self.max_match, min_share=self.min_share)
         if match is None or not match.tokens:
             return Draft.empty(self.name)
-        return Draft(match.tokens[: draft_length_for_match(match.length, max_tokens)], None, self.name,
+        return Draft(match.tokens[: draft_length_for_match(match.length, k)], None, self.name,
                      match=match.length)
 
     def accepted(self, committed: Sequence[int], n_accepted: int) -> None:

@@ -75,7 +75,7 @@ def test_it_is_the_models_own_float32_decoding(ggufs, tokenizer):
 
 
 @pytest.mark.parametrize("quant", ["F32", "Q8_0", "Q4_K_M"])
-@pytest.mark.parametrize("mode", ["sequential", "overlap", "branches"])
+@pytest.mark.parametrize("mode", ["off", "overlap", "branches"])
 @pytest.mark.parametrize("drafter", ["self", "other", "ngram", "random"])
 def test_greedy_equals_its_own_one_token_decoding_in_every_mode(quant, mode, drafter, ggufs, tokenizer):
     ids = tokenizer(PROMPT)["input_ids"]

@@ -76,9 +76,9 @@ def test_a_model_drafting_for_itself_has_every_token_accepted(target_model, toke
 
     engine = Engine(switched(copy.deepcopy(target_model)), tokenizer)
     engine.eos_ids = frozenset()
-    assert engine.verifier.exact_batches
-    spec = engine.with_drafter(ModelDrafter(TorchCausalLM(switched(copy.deepcopy(target_model)))), fallback=None)
-    for pipeline in ("sequential", "overlap", "branches"):
+    assert engine.target.exact_batches
+    spec = engine.with_drafter(ModelDrafter(TorchCausalLM(switched(copy.deepcopy(target_model)))), helper=None)
+    for pipeline in ("off", "overlap", "branches"):
         for prompt in ("def quicksort(arr):\n    if len(arr) <= 1:", "The quick brown fox"):
             want = engine.generate(prompt, GenerationConfig(max_new_tokens=32)).token_ids
             result = spec.generate(prompt, GenerationConfig(max_new_tokens=32, num_draft_tokens=4, pipeline=pipeline))

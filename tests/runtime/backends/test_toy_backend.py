@@ -1,5 +1,5 @@
 """A new model backend is one class and one registration: a numpy toy model, written here and nowhere in
-the package, runs through the sequential loop, overlap and branches (it declares no early exit) and stays
+the package, runs through the inline loop, overlap and branches (it declares no early exit) and stays
 token-equal to its own one-token-at-a-time decoding."""
 
 from __future__ import annotations
@@ -69,13 +69,13 @@ def test_the_toy_model_is_a_causal_lm():
     assert isinstance(ToyLM(10, seed=0), CausalLM)
 
 
-@pytest.mark.parametrize("mode", ["sequential", "overlap", "branches"])
+@pytest.mark.parametrize("mode", ["off", "overlap", "branches"])
 @pytest.mark.parametrize("draft", ["0", "1", "ngram"], ids=["self-draft", "other-draft", "ngram"])
 def test_a_registered_backend_runs_every_mode_token_equal(mode, draft, toy_backend, tokenizer):
     prompt = tokenizer("def quicksort(arr):\n    if len(arr) <= 1:")["input_ids"]
     expected = one_at_a_time(ToyLM(len(tokenizer), seed=0), prompt, 40)
     engine = Engine.load("0", backend=toy_backend, draft=draft)
-    assert engine.verifier.backend == "toy:0"
+    assert engine.target.backend == "toy:0"
     cfg = GenerationConfig(max_new_tokens=40, pipeline=mode)
     # no early exit: "branches" runs as "overlap", except with a draft model's own candidates (branch_source)
     want = "overlap" if mode == "branches" and draft == "ngram" else mode
@@ -93,5 +93,5 @@ def test_sampling_through_a_registered_backend_reproduces_with_a_seed(toy_backen
     prompt = tokenizer("import numpy as np")["input_ids"]
     engine = Engine.load("0", backend=toy_backend, draft="1")
     runs = [engine.generate(prompt, GenerationConfig(max_new_tokens=30, temperature=1.0, seed=5, pipeline=mode))
-            for mode in ("sequential", "overlap")]
+            for mode in ("off", "overlap")]
     assert runs[0].token_ids == runs[1].token_ids

@@ -57,7 +57,7 @@ def test_covered_flags_match_the_known_candidates(source, kappa, target_model, o
         for step in steps:
             hint = step.hint
             if hint is not None:
-                assert hint.source == source and hint.correction == step.tokens[-1]
+                assert hint.branch_source == source and hint.correction == step.tokens[-1]
                 if hint.rejected_at is not None:
                     assert hint.rejected_at == step.n_accepted < step.n_drafted
                     context = committed + step.tokens[:step.n_accepted]
@@ -130,11 +130,11 @@ def test_draft_source_needs_no_early_exit_and_the_early_exit_layer_is_not_checke
                                                                                     tokenizer, expected):
     engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
     engine.eos_ids = frozenset()
-    last = engine.verifier.early_exit.num_layers
+    last = engine.target.early_exit.num_layers
     with pytest.raises(ConfigError):
         engine.pipeline_mode(GenerationConfig(pipeline="branches", early_exit_layer=last, branch_source="early_exit"))
     assert engine.pipeline_mode(GenerationConfig(pipeline="branches", branch_source="draft")) == "branches"
-    engine.verifier.early_exit = None  # a backend without early exit: the draft's candidates still serve
+    engine.target.early_exit = None  # a backend without early exit: the draft's candidates still serve
     try:
         assert engine.pipeline_mode(GenerationConfig(pipeline="branches", branch_source="early_exit")) == "overlap"
         cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=3, pipeline="branches", early_exit_layer=last)
@@ -142,7 +142,7 @@ def test_draft_source_needs_no_early_exit_and_the_early_exit_layer_is_not_checke
         result = engine.generate(PROMPTS[0], cfg)
         assert result.token_ids == expected[PROMPTS[0]] and result.stats.branch_source == "draft"
     finally:
-        engine.verifier.early_exit = engine.verifier
+        engine.target.early_exit = engine.target
     with pytest.raises(ConfigError, match="branch_source"):
         GenerationConfig(branch_source="target")
 

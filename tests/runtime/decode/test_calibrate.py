@@ -87,7 +87,7 @@ def test_the_verify_curve_is_measured_before_a_request_starts_and_kept_across_en
 
     engine = load(tiny_folder)
     stream = engine.stream("The quick brown fox", GenerationConfig(max_new_tokens=4))
-    curve = verify_curve.known(engine.verifier)  # measured by stream(), before the request's first step
+    curve = verify_curve.known(engine.target)  # measured by stream(), before the request's first step
     key = CalibrationStore.key(engine.calibration_id, Placement(), "verify curve", machine_id())
     assert curve is not None and curve[0] == 1.0 and tuple(json.loads(cache.read_text())[key]) == curve
     stream.close()
@@ -97,11 +97,11 @@ def test_the_verify_curve_is_measured_before_a_request_starts_and_kept_across_en
     cache.write_text(json.dumps({key: list(kept)}))
     later = load(tiny_folder)  # as a later process would: the curve is read back, not measured
     later.prepare()
-    assert verify_curve.known(later.verifier) == kept
+    assert verify_curve.known(later.target) == kept
     for bad in ([2.0, 1.0], [1.0, -1.0], "text", [1.0, True]):  # not a curve: measured afresh and rewritten
         cache.write_text(json.dumps({key: bad}))
         again = load(tiny_folder)
         again.prepare()
-        assert verify_curve.known(again.verifier) != kept and json.loads(cache.read_text())[key] != bad
+        assert verify_curve.known(again.target) != kept and json.loads(cache.read_text())[key] != bad
         again.close()
     later.close()

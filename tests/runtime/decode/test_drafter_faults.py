@@ -12,11 +12,11 @@ from helpers import PROMPTS, exact_first_two, hf_greedy, pvalue, sample_first_tw
 from mirrorsd import Draft, Engine, GenerationConfig
 from mirrorsd.runtime.decode.step import check_draft
 
-MODES = ("sequential", "overlap", "branches")
+MODES = ("off", "overlap", "branches")
 
 
 def engine_with(drafter, target_model, tokenizer) -> Engine:
-    engine = Engine(target_model, tokenizer, drafter, fallback=None)
+    engine = Engine(target_model, tokenizer, drafter, helper=None)
     engine.eos_ids = frozenset()
     return engine
 

@@ -75,15 +75,15 @@ def test_the_policy_leaves_model_drafts_and_seeded_sampling_alone():
 
 
 def test_the_policy_learns_into_the_verifiers_classes_across_requests():
-    class Verifier:  # only its identity matters here
+    class Target:  # only its identity matters here
         pass
 
-    lm = Verifier()
+    lm = Target()
     assert match_classes.shared(lm) is match_classes.shared(lm)
-    for _ in range(2):  # two requests on one verifier
+    for _ in range(2):  # two requests on one target
         policy = StepPolicy(GenerationConfig(), curve=STEEP, matches=match_classes.shared(lm))
         for _ in range(3):
             draft = policy.fit(ngram(4, match=1))
             policy.learn(len(draft.tokens), 0, [99], 0.0, 0.01, 0.01, measured=True)
     assert match_classes.shared(lm).acceptance[("ngram", 1)].alpha < 0.3
-    assert match_classes.shared(Verifier()).acceptance == {}  # another verifier starts afresh
+    assert match_classes.shared(Target()).acceptance == {}  # another target starts afresh

@@ -1,5 +1,5 @@
 """The two-queue pipeline: same output as target-only decoding in every mode, with every drafter; faults,
-hangs and cancellation leave no thread behind; seeded sampling reproduces the sequential loop exactly."""
+hangs and cancellation leave no thread behind; seeded sampling reproduces the inline loop exactly."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from drafters_for_tests import FailingDrafter, RandomTokenDrafter
 from helpers import PROMPTS, hf_greedy
 
-MODES = ["sequential", "overlap", "branches"]
+MODES = ["off", "overlap", "branches"]
 
 
 def draft_threads() -> list[threading.Thread]:
@@ -64,11 +64,11 @@ def test_greedy_equals_target_only_in_every_mode(mode, kind, adaptive, target_mo
         assert s.pipeline == mode and s.generated_tokens == 40 and not s.fallbacks
         if kind == "self":
             assert s.acceptance_rate == 1.0
-        if kind in ("random", "other-model"):  # rejections: the verifier and the lookahead rolled back
+        if kind in ("random", "other-model"):  # rejections: the target and the lookahead rolled back
             assert s.drafted_tokens > 0 and s.accepted_tokens < s.drafted_tokens
         if mode == "branches" and kind in ("random", "other-model"):
             assert s.branch_hits + s.branch_misses > 0  # early-exit hints reached the draft worker
-        if mode != "sequential" and kind in ("self", "other-model"):
+        if mode != "off" and kind in ("self", "other-model"):
             assert 0.0 <= s.draft_hidden_s <= s.draft_time_s
     wait_for_no_draft_threads()
 
@@ -78,7 +78,7 @@ def test_branches_hit_when_the_early_exit_layer_is_the_last(target_model, other_
     correction after a rejection is almost always a prepared branch."""
     engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
     engine.eos_ids = frozenset()
-    last = engine.verifier.early_exit.num_layers
+    last = engine.target.early_exit.num_layers
     with pytest.raises(ConfigError):
         engine.generate(PROMPTS[0], GenerationConfig(pipeline="branches", early_exit_layer=last,
                                                      branch_source="early_exit"))
@@ -114,12 +114,12 @@ def test_early_exit_hook_leaves_logits_bit_identical_and_reads_layer_le(target_m
 @pytest.mark.parametrize("mode", ["overlap", "branches"])
 def test_seeded_sampling_reproduces_the_sequential_loop_exactly(mode, target_model, other_model, tokenizer):
     """Draft draws are keyed by their context and K does not depend on timing when seeded, so the
-    pipeline takes exactly the sequential loop's path: same tokens, whatever ran ahead or was discarded."""
+    pipeline takes exactly the inline loop's path: same tokens, whatever ran ahead or was discarded."""
     engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
     engine.eos_ids = frozenset()
     for seed in range(4):
         base = dict(temperature=0.9, max_new_tokens=30, num_draft_tokens=3, seed=seed)
-        seq = engine.generate(PROMPTS[1], GenerationConfig(**base, pipeline="sequential"))
+        seq = engine.generate(PROMPTS[1], GenerationConfig(**base, pipeline="off"))
         pipe = engine.generate(PROMPTS[1], GenerationConfig(**base, pipeline=mode, early_exit_layer=1))
         assert pipe.token_ids == seq.token_ids
         assert pipe.stats.drafted_tokens == seq.stats.drafted_tokens > 0
@@ -150,15 +150,15 @@ class DyingDrafter(RandomTokenDrafter):
         raise SystemExit("draft device lost")
 
 
-@pytest.mark.parametrize("mode", ["overlap", "sequential"])
+@pytest.mark.parametrize("mode", ["overlap", "off"])
 @pytest.mark.parametrize("how", ["raise", "garbage", "too-long", "feedback-raises", "hang", "die"])
 def test_faulty_drafter_is_dropped_output_unchanged_no_thread_left(how, mode, target_model, tokenizer, expected):
-    if mode == "sequential" and how in ("hang", "die"):
-        pytest.skip("a hang needs the draft worker's timeout; sequential mode calls the drafter inline")
+    if mode == "off" and how in ("hang", "die"):
+        pytest.skip("a hang needs the draft worker's timeout; with the pipeline off the drafter is called inline")
     vocab = len(tokenizer)
     drafter = {"hang": lambda: HangingDrafter(vocab, 1.5), "die": lambda: DyingDrafter(vocab)}.get(
         how, lambda: FailingDrafter(vocab, how))()
-    engine = Engine(target_model, tokenizer, drafter, fallback=NGramDrafter(max_ngram=3, min_ngram=1))
+    engine = Engine(target_model, tokenizer, drafter, helper=NGramDrafter(max_ngram=3, min_ngram=1))
     engine.eos_ids = frozenset()
     cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=3, pipeline=mode, draft_timeout_s=0.3)
     result = engine.generate(PROMPTS[0], cfg)
@@ -256,7 +256,7 @@ class SlowRandomDrafter(RandomTokenDrafter):
         return super().propose(committed, max_tokens)
 
 
-@pytest.mark.parametrize("mode", ["sequential", "overlap"])
+@pytest.mark.parametrize("mode", ["off", "overlap"])
 def test_speculation_switches_itself_off_when_it_does_not_pay(mode, target_model, tokenizer, expected):
     engine = Engine(target_model, tokenizer, SlowRandomDrafter(len(tokenizer)))
     engine.eos_ids = frozenset()
@@ -287,7 +287,7 @@ def test_per_step_the_pipeline_serves_the_quicker_model_free_draft(mode, target_
     """While the slow draft model's lookahead is short, an n-gram draft made at once promises more tokens
     per second: those steps are the n-gram's, the others the model's, and the output is unchanged."""
     drafter = SlowDraftModel(TorchCausalLM(target_model), name="slow-self")
-    engine = Engine(target_model, tokenizer, drafter, fallback=NGramDrafter(max_ngram=3, min_ngram=1))
+    engine = Engine(target_model, tokenizer, drafter, helper=NGramDrafter(max_ngram=3, min_ngram=1))
     engine.eos_ids = frozenset()
     result = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=40, num_draft_tokens=4, pipeline=mode))
     assert result.token_ids == expected[PROMPTS[0]]
@@ -314,12 +314,12 @@ def test_auto_picks_the_mode_a_calibration_measured_faster(target_model, other_m
     assert engine.pipeline_mode(cfg) == mode and len(engine.calibrations) == 1  # measured once
     assert engine.generate(PROMPTS[0], cfg).stats.pipeline == mode
     assert engine.pipeline_mode(GenerationConfig(pipeline="overlap")) == "overlap"  # asked for: honoured
-    assert Engine(target_model, tokenizer, NGramDrafter()).pipeline_mode(cfg) == "sequential"
+    assert Engine(target_model, tokenizer, NGramDrafter()).pipeline_mode(cfg) == "off"
     # The rule itself: overlap where side by side beats one after the other by the margin.
     assert Costs(4, verify_s=0.10, draft_token_s=0.02, verify_shared_s=0.11, draft_token_shared_s=0.025).mode == \
         "overlap"  # 0.11 against 0.18
     assert Costs(4, verify_s=0.10, draft_token_s=0.02, verify_shared_s=0.19, draft_token_shared_s=0.04).mode == \
-        "sequential"  # two workers splitting one CPU: 0.19 against 0.18
+        "off"  # two workers splitting one CPU: 0.19 against 0.18
 
 
 def test_core_sharing_gives_the_verifier_the_draft_threads_while_the_worker_is_idle(tokenizer):
@@ -397,7 +397,7 @@ class FreshK(DraftLengthSchedule):
 @pytest.mark.parametrize("fresh_k", [1, 4])
 def test_a_step_after_a_miss_verifies_the_first_fresh_tokens_without_waiting_for_k(
         fresh_k, monkeypatch, target_model, other_model, tokenizer, expected):
-    """After a rejection the lookahead restarts from the committed history; with fresh_k = 1 the verifier
+    """After a rejection the lookahead restarts from the committed history; with fresh_k = 1 the target
     takes what the worker has once the first token is there (the next ones come 60 ms apart), with
     fresh_k = K it waits for all four. Every other step carries K. Output unchanged either way."""
     from mirrorsd.runtime.decode import policy as step_core
@@ -422,7 +422,7 @@ def test_a_step_after_a_miss_verifies_the_first_fresh_tokens_without_waiting_for
 
 def test_the_first_step_prefills_the_target_while_the_worker_drafts(target_model, other_model, tokenizer, expected):
     """Overlapped with the cost-aware schedule, the request's first step verifies no draft (the prompt prefill
-    runs beside the draft's); the sequential loop and seeded sampling draft at once, as before."""
+    runs beside the draft's); the inline loop and seeded sampling draft at once, as before."""
     from mirrorsd.runtime.decode.pipeline import pipelined_decode
     from mirrorsd.runtime.decode.loop import speculative_decode
 

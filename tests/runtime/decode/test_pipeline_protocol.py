@@ -201,9 +201,9 @@ def test_the_worker_stops_on_stop(worker_for):
 
 # -- branch planning -------------------------------------------------------------------------------
 
-def hint(draft, top_ids, top_p, deadline_in=1.0, max_tokens=4, base=10) -> Hint:
+def hint(draft, top_ids, top_p, deadline_in=1.0, branch_k=4, base=10) -> Hint:
     return Hint(base, tuple(draft), np.array(top_ids), np.log(np.array(top_p)), time.perf_counter() + deadline_in,
-                max_tokens)
+                branch_k)
 
 
 def test_plan_branches_ranks_rejection_points_by_early_exit_probability():
@@ -237,7 +237,7 @@ def test_the_worker_drafts_hinted_branches_best_first(worker_for):
     worker.draft_queue.put(Rebase(0, committed, (), len(committed), None))  # no room for a lookahead
     worker.token_seconds.update(0.001)
     worker.draft_queue.put(hint([20, 77], top_ids=[[20, 30], [77, 21], [22, 32]],
-                                top_p=[[0.7, 0.3], [0.4, 0.6], [0.9, 0.1]], max_tokens=2))
+                                top_p=[[0.7, 0.3], [0.4, 0.6], [0.9, 0.1]], branch_k=2))
     chunks = []
     deadline = time.perf_counter() + 5
     while len(chunks) < 5 and time.perf_counter() < deadline:

@@ -57,7 +57,7 @@ def test_overlap_grows_k_until_drafting_fills_the_verify_pass():
 
 def test_overlapped_steps_after_a_miss_wait_for_a_short_draft():
     """A draft token costing a third of a verify pass, about one rejection per 12 tokens: overlapped, a step
-    after a miss verifies fewer tokens than K (the verifier idles for them); sequentially, and in the
+    after a miss verifies fewer tokens than K (the target idles for them); sequentially, and in the
     deterministic schedule, every step waits for K."""
     cfg = GenerationConfig(num_draft_tokens=4, max_draft_tokens=16)
     step = iter(range(10**6))
@@ -91,7 +91,7 @@ def test_seeded_sampling_and_fixed_k_use_the_deterministic_schedule():
 
 
 def test_the_cost_model_says_when_no_k_pays():
-    """A model-free draft (c ~ 0) on a verifier whose pass grows 0.8 plain steps per drafted token (llama.cpp
+    """A model-free draft (c ~ 0) on a target whose pass grows 0.8 plain steps per drafted token (llama.cpp
     on a CPU): rarely accepted, no K beats a plain step; mostly accepted, some K does. Unknown costs: no view."""
     cfg = GenerationConfig(num_draft_tokens=1, max_draft_tokens=8)
     assert CostAwareSchedule(cfg).pays() is None

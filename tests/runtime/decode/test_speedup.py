@@ -49,7 +49,7 @@ def test_short_fresh_steps_by_hand():
     assert speedup(0.5, 2, 0.25, overlapped=True, fresh_k=1) == pytest.approx(tokens / cost)
     for alpha, k, c in ((0.5, 2, 0.25), (0.9, 6, 0.1), (0.3, 3, 1.0)):  # fresh_k = K is the plain formula
         assert speedup(alpha, k, c, overlapped=True, fresh_k=k) == speedup(alpha, k, c, overlapped=True)
-    # A costly draft that rarely misses: the verifier waiting for 1 fresh token instead of 4 pays.
+    # A costly draft that rarely misses: the target waiting for 1 fresh token instead of 4 pays.
     assert speedup(0.9, 4, 0.25, overlapped=True, fresh_k=1) > speedup(0.9, 4, 0.25, overlapped=True)
     assert speedup(1.0, 4, 0.25, overlapped=True, fresh_k=1) == pytest.approx(5.0)  # never a fresh step
     for bad in (0, 5):

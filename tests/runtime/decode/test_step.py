@@ -1,4 +1,4 @@
-"""DraftSource: where a drafter's calls run, and how faults from either place drop it."""
+"""CheckedDrafter: where a drafter's calls run, and how faults from either place drop it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from mirrorsd import Draft, GenerationConfig
-from mirrorsd.runtime.decode.step import DraftSource
+from mirrorsd.runtime.decode.step import CheckedDrafter
 from mirrorsd.runtime.timeline import Timeline
 
 
@@ -34,8 +34,8 @@ class ThreadRecorder:
             raise RuntimeError("lost its state")
 
 
-def source_for(drafter) -> DraftSource:
-    return DraftSource(drafter, None, GenerationConfig(draft_timeout_s=2.0), 10, Timeline())
+def source_for(drafter) -> CheckedDrafter:
+    return CheckedDrafter(drafter, None, GenerationConfig(draft_timeout_s=2.0), 10, Timeline())
 
 
 @pytest.mark.parametrize("bounded", [True, False])

@@ -36,7 +36,7 @@ def test_build_open_and_match(corpus, tokenizer, tmp_path):
     assert reopened.num_tokens == store.num_tokens > 0
     ids = tokenizer(CODE, add_special_tokens=False)["input_ids"]
     cut = len(tokenizer("def fibonacci(n):\n    a, b =", add_special_tokens=False)["input_ids"])
-    match = reopened.match(ids[:cut], max_tokens=6)
+    match = reopened.match(ids[:cut], k=6)
     assert match is not None and match.length >= 2
     assert match.tokens == ids[cut : cut + len(match.tokens)] and match.tokens
     assert reopened.match(tokenizer("zzzz qqqq", add_special_tokens=False)["input_ids"], 4) is None
@@ -53,7 +53,7 @@ def test_append_is_found_after_reopening_and_merges(corpus, tokenizer, tmp_path)
     for i in (0, 11):
         ids = tokenizer(replies[i], add_special_tokens=False)["input_ids"]
         prefix = tokenizer(f"reply number {i}: the answer", add_special_tokens=False)["input_ids"]
-        match = reopened.match(prefix, max_tokens=4)
+        match = reopened.match(prefix, k=4)
         assert match is not None and match.tokens == ids[len(prefix) : len(prefix) + len(match.tokens)]
 
 
@@ -106,7 +106,7 @@ def test_memory_stays_bounded_on_a_large_corpus(tokenizer, tmp_path):
     tracemalloc.start()
     store = Datastore.open(tmp_path / "big", tokenizer)
     for _ in range(50):
-        store.match(rng.integers(0, 300, 20).tolist(), max_tokens=8)
+        store.match(rng.integers(0, 300, 20).tolist(), k=8)
     _, lookup_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert store.num_tokens == 2_002_000 and len(store.segments) == 8

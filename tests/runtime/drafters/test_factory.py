@@ -7,7 +7,7 @@ import pytest
 from mirrorsd.errors import ConfigError
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.runtime.drafters.chain import ChainDrafter
-from mirrorsd.runtime.drafters.factory import fallback_for, make_drafter
+from mirrorsd.runtime.drafters.factory import helper_for, make_drafter
 from mirrorsd.runtime.drafters.model import ModelDrafter
 from mirrorsd.runtime.drafters.ngram import NGramDrafter
 from mirrorsd.runtime.drafters.retrieval.datastore import build_datastore
@@ -41,10 +41,10 @@ def test_model_free_drafters_declare_no_model_and_learn_only_from_a_datastore_of
     before = store.num_tokens
     chain.learner.finish([1, 2], [3, 4, 5])
     assert store.num_tokens > before + 2  # the reply (and a separator)
-    assert fallback_for(chain) is None
+    assert helper_for(chain) is None
 
 
 def test_a_model_drafter_declares_its_model_and_ranking_and_gets_an_ngram_fallback(target_model):
     drafter = ModelDrafter(TorchCausalLM(target_model))
     assert drafter.model is drafter and drafter.model.ranking is drafter and drafter.learner is None
-    assert isinstance(fallback_for(drafter), NGramDrafter)
+    assert isinstance(helper_for(drafter), NGramDrafter)
