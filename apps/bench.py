@@ -3,7 +3,8 @@
 Every configuration (apps/bench_configs.py) decodes the same prompts on the same model objects,
 interleaved (each repeat visits every configuration in turn, starting from a rotating one, so drift in
 machine load hits all of them alike) and repeated (the median per prompt), so ratios are measured
-together, never typed in.
+together, never typed in. Peers that serve from a process of their own (vLLM: `--peers vllm`,
+apps/bench_vllm.py) run as a block each, alone, after the interleaved rows.
 Greedy outputs are compared token by token with our target-only output of the same prompt; a
 mismatch marks the configuration FAILED. Sampled prompts (the creative category) are timed but
 not compared: sampling is lossless in distribution, which tests/test_engine_sampling.py checks.
@@ -26,6 +27,7 @@ import torch
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.apps.bench_configs import (CONFIGS, CPP_TARGET_ONLY, ONNX_TARGET_ONLY, PINNED, TARGET_ONLY,
                                          BenchConfig, BenchContext, Output, measure_memory)
+from mirrorsd.apps import bench_vllm  # noqa: F401  (registers the vLLM peer rows)
 from mirrorsd.apps.prompt_suite import CATEGORIES, BenchPrompt, bundled_suite, load_workload
 from mirrorsd.errors import ConfigError
 from mirrorsd.results import acceptance_by_source, add_drafter_tokens
@@ -61,6 +63,7 @@ class BenchOptions:
     out: str = "bench-out"
     only: tuple[str, ...] = ()  # configuration names to run (with their target-only references); empty = all
     pin_devices: bool = False  # separate compute simulated: verify side on one core, draft side on another
+    peers: tuple[str, ...] = ()  # peer groups that run only when asked for ("vllm": apps/bench_vllm.py)
 
 
 def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, datastore="default",
@@ -106,7 +109,7 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
     if pins is not None and engine is not None:
         engine.placement = pins.placement()  # every row on the torch target runs pinned (with_drafter keeps it)
     ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model, datastore, opts.draft_export,
-                       opts.target_export, memory, draft_threads=1 if pins else None)
+                       opts.target_export, memory, draft_threads=1 if pins else None, k=opts.k)
     prompts = load_workload(opts.prompts_file) if opts.prompts_file else bundled_suite(opts.per_category)
     if ctx.any_engine is None:
         raise ConfigError("none of the chosen configurations can run here", "see `mirrorsd bench --help`")
@@ -124,17 +127,32 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
 
     warm = GenerationConfig(max_new_tokens=4)
     for c in configs_run:  # first-call allocations and kernel choice, outside the measurement
-        runners[c.name](encoded[0][:32], warm)
+        if not c.separate:  # a separate row warms up when its server starts
+            runners[c.name](encoded[0][:32], warm)
 
     cells = {c.name: [Cell() for _ in prompts] for c in configs_run}
 
     def table_so_far(done: int):  # the live table is the final table's rendering of the prompts run so far
-        categories, rows = _rows(ctx, prompts[:done], configs_run, {name: row[:done] for name, row in cells.items()})
+        interleaved = [c for c in configs_run if not c.separate]
+        categories, rows = _rows(ctx, prompts[:done], interleaved,
+                                 {c.name: cells[c.name][:done] for c in interleaved})
         return _table({"categories": categories, "rows": rows}, title=f"so far: {done} of {len(prompts)} prompts")
 
     try:
-        _measure(prompts, encoded, configs_run, runners, cells, opts, console, table_so_far)
+        _measure(prompts, encoded, [c for c in configs_run if not c.separate], runners, cells, opts, console,
+                 table_so_far)
+        for c in [c for c in configs_run if c.separate]:
+            failed = _measure_block(prompts, encoded, c, runners[c.name], cells, opts, console)
+            if failed:
+                skipped[c.name] = failed
+        configs_run = [c for c in configs_run if c.name not in skipped]
+        cells = {c.name: cells[c.name] for c in configs_run}
     except KeyboardInterrupt:  # Ctrl-C: keep what was measured, then stop as Ctrl-C does (exit 130 in the CLI)
+        unfinished = [c for c in configs_run if c.separate
+                      and _finished_prompts({c.name: cells[c.name]}, opts.repeats) < len(prompts)]
+        skipped = {**skipped, **{c.name: "not run to the end before Ctrl-C" for c in unfinished}}
+        configs_run = [c for c in configs_run if c not in unfinished]
+        cells = {c.name: cells[c.name] for c in configs_run}
         done = _finished_prompts(cells, opts.repeats)
         if done == 0:  # keep the rows that ran the first prompt (if fewer times than asked) with their reference
             reached = [c for c in configs_run if cells[c.name][0].seconds and cells[c.reference][0].seconds]
@@ -240,6 +258,31 @@ def _measure(prompts, encoded, configs_run, runners, cells, opts, console, table
             live.update(Group(table_so_far(i + 1), progress))
 
 
+def _measure_block(prompts, encoded, c: BenchConfig, runner, cells, opts, console) -> str | None:
+    """A separate row (a ServedRunner): its server started, a warm-up request, every prompt and repeat in
+    turn, the server stopped; greedy outputs judged against its reference row's. Returns why it could not run,
+    or None."""
+    console.print(f"{c.name}: starting its server", markup=False, highlight=False)
+    try:
+        runner.open()
+    except Exception as exc:  # a peer that cannot start costs its row, not the report
+        return f"its server did not start ({exc})"
+    try:
+        runner(encoded[0][:32], GenerationConfig(max_new_tokens=4))
+        for i, (p, ids) in enumerate(zip(prompts, encoded)):
+            cfg = _gen_config(p, opts)
+            for r in range(opts.repeats):
+                console.print(f"{p.label} · {c.name} · repeat {r + 1}", markup=False, highlight=False)
+                out = _run_once(cells[c.name][i], runner, ids, cfg)
+                against = c.greedy_reference
+                if (p.greedy and not (c.own_grammar and p.json_schema is not None) and against in cells
+                        and cells[against][i].first is not None):
+                    _judge(cells[c.name][i], out.tokens, cells[against][i].first.tokens)
+    finally:
+        runner.close()
+    return None
+
+
 def _run_once(cell: Cell, runner, ids, cfg) -> Output:
     t0 = time.perf_counter()
     out = runner(ids, cfg)
@@ -259,7 +302,13 @@ def _eta(elapsed: float, done: int, total: int) -> str:
 
 
 def _choose(chosen: list[BenchConfig], opts: BenchOptions) -> list[BenchConfig]:
-    """The configurations to run: all, or those --only names with their reference rows."""
+    """The configurations to run: all (peer groups only where --peers asks for them), or those --only names with
+    their reference rows."""
+    unknown = set(opts.peers) - {c.group for c in chosen if c.group}
+    if unknown:
+        raise ConfigError(f"unknown peer group(s): {', '.join(sorted(unknown))}",
+                          f"choose from: {', '.join(sorted({c.group for c in chosen if c.group}))}")
+    chosen = [c for c in chosen if c.group is None or c.group in opts.peers]
     if not opts.only:
         return chosen
     unknown = set(opts.only) - {c.name for c in chosen}

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Protocol
 
 import torch
 
@@ -50,6 +51,16 @@ class Output:
 Runner = Callable[[list[int], GenerationConfig], Output]
 
 
+class ServedRunner(Protocol):
+    """A Runner backed by a server of its own (a `separate` row): started by `open`, stopped by `close`."""
+
+    def __call__(self, ids: list[int], cfg: GenerationConfig) -> Output: ...
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class BenchContext:
     """The models every configuration shares (loaded once per bench run, on first use)."""
@@ -63,6 +74,7 @@ class BenchContext:
     target_export: str | None = None  # a `mirrorsd export --role target` folder of the target: ONNX rows
     memory_mb: dict[str, float] = field(default_factory=dict)  # resident memory each model added when loaded
     draft_threads: int | None = None  # llama.cpp threads of the GGUF draft (1 under --pin-devices; None: all)
+    k: int = 8  # the bench's --k: the start value of our K, and the K peers speculate with
 
     @cached_property
     def cpp_engine(self) -> Engine | None:
@@ -173,6 +185,9 @@ class BenchConfig:
     # its structured replies are timed, not token-compared
     equal_to: str | None = None  # the row whose greedy tokens this one's must equal (None: `reference`;
     # its own name: none, it is itself a reference)
+    group: str | None = None  # a peer group that runs only when asked for (`bench --peers GROUP`)
+    separate: bool = False  # its runner is a ServedRunner (a server of its own): measured as a block, alone,
+    # after the interleaved rows
 
     @property
     def greedy_reference(self) -> str | None:

