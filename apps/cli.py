@@ -429,8 +429,7 @@ def export_cmd(
     if not model or not out:
         raise ConfigError("mirrorsd export needs --model and --out (or --validate DIR)",
                           "e.g. mirrorsd export --model smollm2-135m --out exports/smollm2-npu")
-    from mirrorsd.exporters import export_draft
-    from mirrorsd.exporters.export import ROLE_ALIASES
+    from mirrorsd.exporters import ROLE_ALIASES, export_draft
 
     role = ROLE_ALIASES.get(role, role)
     manifest = export_draft(model, out, fmt=fmt, profile=profile, precision=precision, quant=quant,

@@ -24,7 +24,7 @@ from mirrorsd.errors import (
 # Imported on first use (mirrorsd/_lazy.py): they pull in torch and transformers.
 _SOURCES = {
     "mirrorsd.engine": ("Engine",), "mirrorsd.rejection": ("verify",),
-    "mirrorsd.contracts": ("CausalLM", "Draft", "Drafter", "DraftModel", "Learner", "Ranking", "Step", "Verifier"),
+    "mirrorsd.contracts": ("CausalLM", "Draft", "Drafter", "DraftModel", "Learner", "Ranking", "Step"),
     "mirrorsd.results": ("FinishEvent", "GenerationResult", "GenerationStats", "StepStats", "TokenEvent"),
 }
 __getattr__ = lazy_names(globals(), _SOURCES)
@@ -35,5 +35,5 @@ __all__ = [
     "CausalLM", "DraftModel", "Learner", "Ranking", "SamplingParams", "SpeculativeConfig", "Step",
     "CatalogError", "ChecksumError", "ConfigError", "DatastoreError", "Draft", "EngineBusyError", "EngineClosedError", "Drafter", "Engine", "FinishEvent",
     "GenerationConfig", "GenerationResult", "GenerationStats", "MirrorsdError", "ModelNotFoundError",
-    "PromptError", "RollbackUnsupportedError", "StepStats", "TokenEvent", "TokenizerMismatchError", "Verifier", "verify",
+    "PromptError", "RollbackUnsupportedError", "StepStats", "TokenEvent", "TokenizerMismatchError", "verify",
 ]

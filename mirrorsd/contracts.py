@@ -184,10 +184,6 @@ class CausalLM(Protocol):
         """Free the model's memory; the object is unusable afterwards."""
 
 
-Target = CausalLM
-"""The target on its device: any CausalLM."""
-
-
 # -- drafters --------------------------------------------------------------------------------------
 
 class Drafter(Protocol):
