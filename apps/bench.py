@@ -218,6 +218,14 @@ def _gen_config(p: BenchPrompt, opts: BenchOptions) -> GenerationConfig:
                             num_draft_tokens=opts.k, json_schema=p.json_schema)
 
 
+def _judge_greedy(c: BenchConfig, p: BenchPrompt, i: int, out: Output, cells: dict) -> None:
+    """Judge one run of row c on prompt i against its greedy reference's first run, where one is to be judged."""
+    against = c.greedy_reference
+    if (p.greedy and not (c.own_grammar and p.json_schema is not None) and against in cells
+            and cells[against][i].first is not None):
+        _judge(cells[c.name][i], out.tokens, cells[against][i].first.tokens)
+
+
 def _judge(cell: Cell, tokens: list[int], reference: list[int]) -> None:
     """Greedy outputs against the same backend's target-only decoding: equal, or FAILED (no allowance: a
     verify pass reproduces one-token logits bit for bit on every exact backend)."""
@@ -251,10 +259,7 @@ def _measure(prompts, encoded, configs_run, runners, cells, opts, console, table
                             console.print(f"[{done}/{total}] {what} · ETA {eta}", markup=False, highlight=False)
             finally:  # on Ctrl-C too: a prompt every row has finished is judged before the partial report
                 for c, out in outputs:  # after the prompt's runs: a reference may have gone after its rows
-                    against = c.greedy_reference
-                    if (p.greedy and not (c.own_grammar and p.json_schema is not None) and against in cells
-                            and cells[against][i].first is not None):
-                        _judge(cells[c.name][i], out.tokens, cells[against][i].first.tokens)
+                    _judge_greedy(c, p, i, out, cells)
             live.update(Group(table_so_far(i + 1), progress))
 
 
@@ -282,11 +287,7 @@ def _run_block(prompts, encoded, c: BenchConfig, runner, cells, opts, console) -
         cfg = _gen_config(p, opts)
         for r in range(opts.repeats):
             console.print(f"{p.label} · {c.name} · repeat {r + 1}", markup=False, highlight=False)
-            out = _run_once(cells[c.name][i], runner, ids, cfg)
-            against = c.greedy_reference
-            if (p.greedy and not (c.own_grammar and p.json_schema is not None) and against in cells
-                    and cells[against][i].first is not None):
-                _judge(cells[c.name][i], out.tokens, cells[against][i].first.tokens)
+            _judge_greedy(c, p, i, _run_once(cells[c.name][i], runner, ids, cfg), cells)
 
 
 def _run_once(cell: Cell, runner, ids, cfg) -> Output:
