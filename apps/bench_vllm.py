@@ -56,21 +56,16 @@ class VllmRunner:
         from mirrorsd.models import resolve_model_path
 
         self.folder = Path(tempfile.mkdtemp(prefix="mirrorsd-bench-vllm-"))
-        self.port = _free_port()
         if self.draft is None:
             command = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model",
                        resolve_model_path(self.target), "--served-model-name", self.target]
         else:
             handoff = write_handoff(plan_handoff(self.target, self.draft, self.k, None), str(self.folder / "handoff"))
             command = [str(handoff / "serve.sh")]
-        env = {**os.environ, "PYTHON": self.python, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GB, "HF_HUB_OFFLINE": "1"}
-        with open(self.folder / "vllm.log", "w") as log:
-            self.server = subprocess.Popen([*command, *SERVER_ARGS, "--host", "127.0.0.1", "--port", str(self.port)],
-                                           env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
         try:
-            self._wait_healthy()
+            self.server, self.port = start_server(command, self.python, self.folder / "vllm.log", SERVER_ARGS)
         except BaseException:
-            self.close()
+            self.close()  # the folder too
             raise
 
     def __call__(self, ids: list[int], cfg: GenerationConfig) -> Output:
@@ -101,35 +96,59 @@ class VllmRunner:
         return out
 
     def close(self) -> None:
-        if self.server is not None and self.server.poll() is None:
-            os.killpg(self.server.pid, signal.SIGTERM)
-            try:
-                self.server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.server.pid, signal.SIGKILL)
-                self.server.wait()
+        if self.server is not None:
+            stop_server(self.server)
         self.server = None
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
 
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.server.poll() is not None:
-                raise RuntimeError(f"vLLM exited while starting: {self._log_tail()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(2)
-        raise RuntimeError(f"vLLM did not answer within {START_TIMEOUT_S:.0f} s: {self._log_tail()}")
 
-    def _log_tail(self) -> str:
-        lines = (self.folder / "vllm.log").read_text(errors="replace").strip().splitlines()
-        return " | ".join(lines[-3:]) if lines else "(no output)"
+def start_server(command: list[str], python: str, log: Path, args: tuple[str, ...] = SERVER_ARGS,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
+    """Start a vLLM server (`python -m vllm.entrypoints.openai.api_server ...` or a handoff's serve.sh) on a free
+    loopback port and wait until it answers; its output goes to `log`. Returns the process and its port."""
+    port = _free_port()
+    env = {**os.environ, "PYTHON": python, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GB, "HF_HUB_OFFLINE": "1", **(env or {})}
+    with open(log, "w") as out:
+        server = subprocess.Popen([*command, *args, "--host", "127.0.0.1", "--port", str(port)], env=env,
+                                  start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(server, port, log)
+    except BaseException:
+        stop_server(server)
+        raise
+    return server, port
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _wait_healthy(server: subprocess.Popen, port: int, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"vLLM exited while starting: {_log_tail(log)}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"vLLM did not answer within {START_TIMEOUT_S:.0f} s: {_log_tail(log)}")
+
+
+def _log_tail(log: Path) -> str:
+    lines = log.read_text(errors="replace").strip().splitlines()
+    return " | ".join(lines[-3:]) if lines else "(no output)"
 
 
 def _free_port() -> int:
