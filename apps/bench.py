@@ -107,7 +107,7 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
                 draft_lm(torch.tensor([[0, 1, 2]], device=device))  # touch the lazily loaded weights
             check_tokenizers_match(engine.tokenizer, draft_tokenizer, opts.target, opts.draft_model)
     if pins is not None and engine is not None:
-        engine.placement = pins.placement()  # every row on the torch target runs pinned (with_drafter keeps it)
+        engine.cores = pins.layout()  # every row on the torch target runs pinned (with_drafter keeps it)
     ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model, datastore, opts.draft_export,
                        opts.target_export, memory, draft_threads=1 if pins else None, k=opts.k)
     prompts = load_workload(opts.prompts_file) if opts.prompts_file else bundled_suite(opts.per_category)

@@ -26,7 +26,7 @@ from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs, calibrate
 from mirrorsd.runtime.decode.schedule import uses_cost_schedule
 from mirrorsd.runtime.decode.plan import DecodePlan, make_plan, run_plan
 from mirrorsd.runtime.decode.step import StepCore
-from mirrorsd.runtime.decode.threads import Placement, cpu_draft_threads, overlap_threads, pinned
+from mirrorsd.runtime.decode.threads import CoreLayout, cpu_draft_threads, overlap_threads, pinned
 from mirrorsd.runtime.drafters.chain import ChainDrafter
 from mirrorsd.runtime.drafters.factory import helper_for, make_drafter
 from mirrorsd.runtime.timeline import Timeline
@@ -100,7 +100,7 @@ class Engine:
     `drafter` fails mid-request. None: plain decoding takes over.
     eos_ids: token ids that end a reply (default: the tokenizer's EOS, and a transformers model's own)."""
 
-    placement = Placement()
+    cores = CoreLayout()
     """Where the two sides compute on the CPU (runtime/decode/threads.py). Default: cores shared. A benchmark's
     separate compute, simulated on one CPU (Linux; `mirrorsd bench --pin-devices`), pins the verify side to
     one core and the draft side to another, one compute thread each, in every pipeline mode."""
@@ -181,7 +181,7 @@ class Engine:
         other = Engine(self.target, self.tokenizer, drafter, name=self.name,
                        helper=helper_for(drafter) if helper == "auto" else helper, eos_ids=self.eos_ids)
         other._lock = self._lock  # one request at a time on the shared target
-        other.grammars, other.placement, other.calibrations = self.grammars, self.placement, self.calibrations
+        other.grammars, other.cores, other.calibrations = self.grammars, self.cores, self.calibrations
         return other
 
     # -- requests ---------------------------------------------------------------------------------
@@ -260,8 +260,8 @@ class Engine:
 
     def pipeline_mode(self, cfg: GenerationConfig) -> str:
         """The mode `cfg.pipeline` resolves to with this drafter and target (see GenerationConfig). "auto" with a
-        draft model: the mode a calibration on this placement measured faster (runtime/decode/calibrate.py;
-        the first call per drafter and placement takes a few seconds, then `calibrations` holds it)."""
+        draft model: the mode a calibration on this core layout measured faster (runtime/decode/calibrate.py;
+        the first call per drafter and core layout takes a few seconds, then `calibrations` holds it)."""
         return self._plan(cfg, self.calibration).mode
 
     def _plan(self, cfg: GenerationConfig, calibration) -> DecodePlan:
@@ -270,16 +270,16 @@ class Engine:
         if mode == "auto":
             mode = (calibration(cfg.num_draft_tokens).mode
                     if self.drafter is not None and self.drafter.model is not None else "off")
-        return make_plan(self.target, self.drafter, cfg, mode, self.placement)
+        return make_plan(self.target, self.drafter, cfg, mode, self.cores)
 
     def prepare(self, config: GenerationConfig | None = None) -> None:
-        """Measure what speculation with `config` needs on this placement, between requests: the target's
+        """Measure what speculation with `config` needs on this core layout, between requests: the target's
         verify-cost curve (the K schedule's costs) and, with a draft model and pipeline "auto", the mode's
-        calibration. Once per placement, and kept across processes for models loaded by name; `stream` calls it
+        calibration. Once per core layout, and kept across processes for models loaded by name; `stream` calls it
         before a request starts (a first request waits for it, but its time and stats hold none of it); call it
         after loading to pay it up front. ConfigError for a config this engine cannot plan."""
         cfg = config or GenerationConfig()
-        with self._lock, pinned(self.placement.verify_core, self.target.threads):  # as the requests will run
+        with self._lock, pinned(self.cores.verify_core, self.target.threads):  # as the requests will run
             self._plan(cfg, self._calibration)
             if self.drafter is not None and uses_cost_schedule(cfg):
                 self._verify_curve(cfg.max_draft_tokens)
@@ -301,23 +301,23 @@ class Engine:
             return None
         from mirrorsd.devices import machine_id
 
-        return CalibrationStore.key(self.calibration_id, self.placement, what, machine_id())
+        return CalibrationStore.key(self.calibration_id, self.cores, what, machine_id())
 
     def calibration(self, k: int) -> Costs:
-        """Measured costs of this draft model beside this target on this placement: kept per engine, and for
+        """Measured costs of this draft model beside this target on this core layout: kept per engine, and for
         models loaded by name in `calibration_store` across processes (runtime/decode/calibrate.py)."""
         with self._lock:  # the models are measured: no request runs meanwhile
             return self._calibration(k)
 
     def _calibration(self, k: int) -> Costs:
         """calibration, for a caller that holds the request lock."""
-        key = (id(self.drafter), self.placement, max(1, k))
+        key = (id(self.drafter), self.cores, max(1, k))
         if key not in self.calibrations:
             kept = self._store_key(key[2])
             costs = None if kept is None else self.calibration_store.get(kept)
             if costs is None:
-                threads = None if self.placement.pinned else overlap_threads(self.target, self.drafter)
-                costs = calibrate(self.target, self.drafter.model, key[2], self.placement, threads)
+                threads = None if self.cores.pinned else overlap_threads(self.target, self.drafter)
+                costs = calibrate(self.target, self.drafter.model, key[2], self.cores, threads)
                 if kept is not None:
                     self.calibration_store.put(kept, costs)
             self.calibrations[key] = costs
@@ -326,7 +326,7 @@ class Engine:
 
     def _run(self, ids: list[int], cfg: GenerationConfig, trace: str | None,
              constraint: GrammarConstraint | None) -> Iterator[Event]:
-        with self._lock, pinned(self.placement.verify_core, self.target.threads):  # pinned: the verify side is this thread
+        with self._lock, pinned(self.cores.verify_core, self.target.threads):  # pinned: the verify side is this thread
             self._check_open()
             start = time.perf_counter()
             plan = self._plan(cfg, self._calibration)  # calibrated by prepare, before the request

@@ -49,7 +49,7 @@ def main() -> None:
     prompts = [json.loads(line)["messages"] for line in open(args.prompts) if line.strip()]
     engine = Engine.load(args.target, draft=args.draft, backend="torch", dtype="float32",
                          draft_backend=args.draft_backend)
-    engine.placement = CorePins.first_two().placement()
+    engine.cores = CorePins.first_two().layout()
     if args.no_fallback:
         engine = engine.with_drafter(engine.drafter, helper=None)
     print(f"draft {engine.drafter.name}; pinned; {len(prompts)} prompts, {args.max_new_tokens} new tokens, greedy")

@@ -1,16 +1,16 @@
-"""pipeline="auto": overlap or off, decided from measured costs, once per placement.
+"""pipeline="auto": overlap or off, decided from measured costs, once per core layout.
 
 The pipeline pays when drafting and verifying side by side take less time per step than one after the other.
 Where the two models compute (CPU cores shared or split, an NPU, a GPU) changes what each costs when the other
 runs beside it, so no rule about devices decides it: a short calibration measures, on the request's own
-placement, a K-token verify pass and a draft token alone, then both again side by side, and predicts a step:
+core layout, a K-token verify pass and a draft token alone, then both again side by side, and predicts a step:
 
     sequential = K * draft_token + verify            (each model has its compute to itself, in turn)
     overlap    = max(K * draft_token', verify')      (the primed costs: measured side by side)
 
-It takes a few seconds, once per (drafter, placement) and engine; `Engine.calibrations` keeps the results, and
+It takes a few seconds, once per (drafter, core layout) and engine; `Engine.calibrations` keeps the results, and
 for models loaded by name (`Engine.load`) a `CalibrationStore` keeps them across processes, so a later run on
-the same machine, models and placement reuses them.
+the same machine, models and core layout reuses them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from mirrorsd.contracts import CausalLM, DraftModel
-from mirrorsd.runtime.decode.threads import Placement, pinned
+from mirrorsd.runtime.decode.threads import CoreLayout, pinned
 
 log = logging.getLogger("mirrorsd")
 
@@ -36,7 +36,7 @@ REPEATS = 3
 
 @dataclass(frozen=True)
 class Costs:
-    """Seconds measured on one placement."""
+    """Seconds measured on one core layout."""
 
     k: int
     verify_s: float  # a k-token verify pass, the target alone
@@ -72,13 +72,13 @@ class Costs:
                 "mode": self.mode}
 
 
-def calibrate(target: CausalLM, drafter: DraftModel, k: int, placement: Placement = Placement(),
+def calibrate(target: CausalLM, drafter: DraftModel, k: int, cores: CoreLayout = CoreLayout(),
               threads: tuple[int, int] | None = None) -> Costs:
-    """Measure `Costs` with the request's placement: pinned (separate cores), or threads (verify, draft) the
+    """Measure `Costs` with the request's core layout: pinned (separate cores), or threads (verify, draft) the
     pipeline would give each side of a shared CPU. Both models' caches are reset afterwards."""
     draft_lm, token = drafter.lm, min(100, target.vocab_size - 1, drafter.lm.vocab_size - 1)
     context, draft = [token] * CONTEXT_TOKENS, [token] * k
-    verify_core, draft_core = placement.verify_core, placement.draft_core
+    verify_core, draft_core = cores.verify_core, cores.draft_core
     try:
         with pinned(verify_core, target.threads):
             target.score(context, [])  # prefill: the passes below score the draft only
@@ -138,7 +138,7 @@ def _side_by_side(target: CausalLM, draft_lm: CausalLM, context: list[int], draf
 
 class CalibrationStore:
     """Calibrations kept across processes: a JSON object in `path` mapping a key (the models as loaded, the
-    placement, K, the machine and mirrorsd's version: see `key`) to `Costs`, or to the target's verify-cost
+    core layout, K, the machine and mirrorsd's version: see `key`) to `Costs`, or to the target's verify-cost
     curve (runtime/decode/verify_curve.py). Writes hold a file lock and
     replace the file atomically, so concurrent processes never interleave. A file that cannot be read (or an
     entry that is not a calibration) is treated as absent: the calibration runs again and the file is
@@ -148,13 +148,13 @@ class CalibrationStore:
         self.path = Path(path)
 
     @staticmethod
-    def key(models: str, placement: Placement, k: int | str, machine: str) -> str:
+    def key(models: str, cores: CoreLayout, k: int | str, machine: str) -> str:
         """models: the models as loaded; k: the draft length measured (or "verify curve"); machine: what else the
         costs depend on (devices.machine_id())."""
         from mirrorsd import __version__
 
         what = f"K={k}" if isinstance(k, int) else k
-        return " | ".join((models, placement.describe(), what, machine, f"mirrorsd {__version__}"))
+        return " | ".join((models, cores.describe(), what, machine, f"mirrorsd {__version__}"))
 
     def get(self, key: str) -> Costs | None:
         try:

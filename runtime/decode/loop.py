@@ -91,7 +91,7 @@ def speculative_decode(target: CausalLM, drafter: Drafter | None, prompt_ids: Se
                        draft_core: int | None = None) -> Iterator[Step]:
     """The loop with an InlineProvider ("off"). constraint: the request's grammar (structured output):
     drafts stop at a forbidden token and the target's distribution is the grammar-masked one. draft_core: the
-    CPU core the drafter runs on (a pinned Placement)."""
+    CPU core the drafter runs on (a pinned CoreLayout)."""
     core = StepCore(target, prompt_ids, config, max_new_tokens, timeline, constraint=constraint)
     yield from decode(core, InlineProvider(core, drafter, helper, draft_core))  # a generator: nothing starts
     # (no drafter thread) until the caller asks for the first step

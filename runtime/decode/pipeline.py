@@ -74,7 +74,7 @@ def pipelined_decode(
     helper: a cheap drafter run inline per step where it pays, and for good once the pipelined one
     is dropped (e.g. n-gram). threads: (verify, draft) CPU threads when both share the CPU.
     constraint: the request's grammar (structured output), if any. draft_core: the CPU core the draft side
-    (the worker and the helper) runs on (a pinned Placement); threads is then None."""
+    (the worker and the helper) runs on (a pinned CoreLayout); threads is then None."""
     core = StepCore(target, prompt_ids, config, max_new_tokens, timeline, overlapped=True, constraint=constraint)
     plan = replace(make_plan(target, drafter, config, "branches" if branches else "overlap"), threads=threads,
                    draft_core=draft_core)

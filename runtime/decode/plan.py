@@ -2,8 +2,8 @@
 
 The engine resolves the request's mode ("auto" from a calibration), and `make_plan` everything that follows
 from it: where "branches" takes its candidates (and whether it can run at all), the early-exit layer, and the
-placement: the CPU threads of each side when they share the CPU, or one pinned core each when the engine's
-Placement pins them (a benchmark's separate compute). Nothing below the plan decides these again.
+core layout: the CPU threads of each side when they share the CPU, or one pinned core each when the engine's
+CoreLayout pins them (a benchmark's separate compute). Nothing below the plan decides these again.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from mirrorsd.contracts import CausalLM, Drafter, Step
 from mirrorsd.errors import ConfigError
 from mirrorsd.runtime.decode.loop import InlineProvider, decode
 from mirrorsd.runtime.decode.step import StepCore
-from mirrorsd.runtime.decode.threads import Placement, overlap_threads
+from mirrorsd.runtime.decode.threads import CoreLayout, overlap_threads
 
 
 @dataclass(frozen=True)
@@ -25,15 +25,15 @@ class DecodePlan:
     branch_source: str | None = None  # "branches": where candidates come from, "draft" or "early_exit"
     exit_layer: int = 0  # l_e, the layer "early_exit" branches read (1-based; 0: none)
     threads: tuple[int, int] | None = None  # (verify, draft) compute threads when both sides share the CPU
-    draft_core: int | None = None  # the draft side's core when the placement pins each side
+    draft_core: int | None = None  # the draft side's core when the core layout pins each side
 
 
 def make_plan(target: CausalLM, drafter: Drafter | None, config: GenerationConfig, mode: str,
-              placement: Placement = Placement()) -> DecodePlan:
+              cores: CoreLayout = CoreLayout()) -> DecodePlan:
     """The plan for a resolved mode ("off", "overlap" or "branches"). "branches" without candidates
     (neither a ranking draft nor an early exit on the target) runs as "overlap"; an early_exit_layer outside
     the target is a ConfigError."""
-    draft_core = placement.draft_core
+    draft_core = cores.draft_core
     if mode == "off" or drafter is None:
         return DecodePlan(draft_core=draft_core)
     source = branch_source(target, drafter, config) if mode == "branches" else None
@@ -44,7 +44,7 @@ def make_plan(target: CausalLM, drafter: Drafter | None, config: GenerationConfi
             raise ConfigError(f"early_exit_layer {config.early_exit_layer} is not inside the target's {layers} "
                               "layers", f"pick a layer from 1 to {layers - 1}, or None for 4/5 of the depth")
         exit_layer = config.early_exit_layer or default_exit_layer(layers)
-    threads = None if placement.pinned else overlap_threads(target, drafter)
+    threads = None if cores.pinned else overlap_threads(target, drafter)
     return DecodePlan("branches" if source else "overlap", source, exit_layer, threads, draft_core)
 
 

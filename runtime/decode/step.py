@@ -125,7 +125,7 @@ class CheckedDrafter:
 
     def __init__(self, drafter: Drafter | None, helper: Drafter | None, config: GenerationConfig,
                  vocab_size: int, timeline: Timeline, core: int | None = None) -> None:
-        """core: run the drafter on this CPU core alone (a pinned Placement), else wherever the OS puts it (a
+        """core: run the drafter on this CPU core alone (a pinned CoreLayout), else wherever the OS puts it (a
         bounded one runs on the calling thread)."""
         self.config, self.vocab_size, self.timeline = config, vocab_size, timeline
         self.drafter, self.helper, self.core = drafter, helper, core

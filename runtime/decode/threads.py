@@ -1,6 +1,6 @@
 """CPU threads when the draft and the target compute on the same CPU: who gets which cores.
 
-Placement decides whether they do (`shares_cpu`); when they do, the pipeline splits the cores
+CoreLayout decides whether they do (`shares_cpu`); when they do, the pipeline splits the cores
 (`overlap_threads`) and `CoreSharing` lends the draft's threads to the verify pass whenever the draft
 worker is idle. Both need the target to declare ThreadControl; without it nothing is switched.
 """
@@ -30,7 +30,7 @@ def leave_signals_to_the_main_thread() -> None:
 
 
 @dataclass(frozen=True)
-class Placement:
+class CoreLayout:
     """Where a request's two sides compute on the CPU. By default (no cores) wherever the OS puts them, the
     threads split by `overlap_threads` where both compute on the CPU; with cores (a benchmark's separate
     compute, built from CorePins) the verify side (the request's thread) on `verify_core` and the draft side
@@ -74,8 +74,8 @@ class CorePins:
         usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         return cls(*(usable + [-1, -1])[:2])  # too few cores: __post_init__ says so
 
-    def placement(self) -> Placement:
-        return Placement(self.verify, self.draft)
+    def layout(self) -> CoreLayout:
+        return CoreLayout(self.verify, self.draft)
 
 
 @contextmanager

@@ -132,7 +132,7 @@ class DraftWorker:
     def __init__(self, drafter: Drafter, config: GenerationConfig, timeline: Timeline, vocab_size: int,
                  threads: int | None = None, rank_width: int = 0, core: int | None = None) -> None:
         """threads: the draft model's CPU threads on this thread; core: run on this CPU core alone (a pinned
-        Placement)."""
+        CoreLayout)."""
         self.drafter, self.config, self.timeline = drafter, config, timeline
         self.vocab_size, self.threads, self.core = vocab_size, threads, core
         self.model = drafter.model  # drafts token by token where the drafter runs a model

@@ -41,11 +41,11 @@ def bench_report(tmp_path_factory, tokenizer):
     draft = make_model(tokenizer, seed=1, sharpness=30.0, context=4096)
     export = tmp / "draft-export"  # the same draft, exported for ONNX Runtime (the exported-draft rows)
     export_draft(draft, export, profile="dynamic", max_context=4096, tokenizer=tokenizer, validate=False)
-    verifier = tmp / "verifier-export"  # the target, exported for the ONNX Runtime rows
-    export_target(target, verifier, quant="none", max_context=4096, tokenizer=tokenizer, validate=False)
+    target_export = tmp / "target-export"  # the target, exported for the ONNX Runtime rows
+    export_target(target, target_export, quant="none", max_context=4096, tokenizer=tokenizer, validate=False)
     broken = BenchConfig(BROKEN, lambda ctx: altering(ours(ctx, None), len(tokenizer)))
     opts = BenchOptions(**{**QUICK, "target": "tiny-llama", "draft_model": "tiny-llama-draft",
-                           "max_new_tokens": 24}, draft_export=str(export), target_export=str(verifier),
+                           "max_new_tokens": 24}, draft_export=str(export), target_export=str(target_export),
                         out=str(tmp / "out"))
     report = run_bench(opts, engine=Engine(target, tokenizer, name="tiny-llama"), draft_lm=draft, datastore=store,
                        configs=[*CONFIGS, broken])

@@ -25,9 +25,9 @@ def expected(target_model, tokenizer):
     return {p: hf_greedy(target_model, tokenizer, p, 40) for p in PROMPTS}
 
 
-def hinted_steps(verifier_model, drafter, tokenizer, prompt, cfg) -> tuple[list[int], list[Step]]:
+def hinted_steps(target_model, drafter, tokenizer, prompt, cfg) -> tuple[list[int], list[Step]]:
     ids = tokenizer(prompt)["input_ids"]
-    steps = list(pipelined_decode(TorchCausalLM(verifier_model), drafter, ids, cfg, cfg.max_new_tokens))
+    steps = list(pipelined_decode(TorchCausalLM(target_model), drafter, ids, cfg, cfg.max_new_tokens))
     return ids, steps
 
 

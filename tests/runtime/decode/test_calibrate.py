@@ -11,7 +11,7 @@ from mirrorsd import Engine
 from mirrorsd.devices import machine_id
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs
-from mirrorsd.runtime.decode.threads import CorePins, Placement
+from mirrorsd.runtime.decode.threads import CorePins, CoreLayout
 from mirrorsd.runtime.drafters import ModelDrafter
 
 
@@ -37,7 +37,7 @@ def test_a_calibration_is_measured_once_and_reused_by_a_later_engine(cache, tiny
     other_k = later.calibration(3)  # another K is another calibration
     assert other_k.k == 3 and len(json.loads(cache.read_text())) == 2
     if len(os.sched_getaffinity(0)) >= 2:
-        later.placement = CorePins.first_two().placement()
+        later.cores = CorePins.first_two().layout()
         assert later.calibration(4) != costs  # another placement: measured afresh, kept under its own key
         assert len(json.loads(cache.read_text())) == 3
     later.close()
@@ -49,13 +49,13 @@ def test_an_unreadable_store_is_measured_afresh_and_rewritten(cache, tiny_folder
     engine = load(tiny_folder)
     costs = engine.calibration(4)
     entries = json.loads(cache.read_text())
-    assert Costs.from_dict(entries[CalibrationStore.key(engine.calibration_id, Placement(), 4, machine_id())]) == costs
+    assert Costs.from_dict(entries[CalibrationStore.key(engine.calibration_id, CoreLayout(), 4, machine_id())]) == costs
     engine.close()
 
 
 def test_an_entry_that_is_not_a_calibration_is_measured_afresh(cache, tiny_folder):
     engine = load(tiny_folder)
-    key = CalibrationStore.key(engine.calibration_id, Placement(), 4, machine_id())
+    key = CalibrationStore.key(engine.calibration_id, CoreLayout(), 4, machine_id())
     for bad in ({"k": 4}, {"k": 4, "verify_s": -1.0, "draft_token_s": 0.1, "verify_shared_s": 0.1,
                            "draft_token_shared_s": 0.1}, "text", None):
         cache.write_text(json.dumps({key: bad}))
@@ -88,7 +88,7 @@ def test_the_verify_curve_is_measured_before_a_request_starts_and_kept_across_en
     engine = load(tiny_folder)
     stream = engine.stream("The quick brown fox", GenerationConfig(max_new_tokens=4))
     curve = verify_curve.known(engine.target)  # measured by stream(), before the request's first step
-    key = CalibrationStore.key(engine.calibration_id, Placement(), "verify curve", machine_id())
+    key = CalibrationStore.key(engine.calibration_id, CoreLayout(), "verify curve", machine_id())
     assert curve is not None and curve[0] == 1.0 and tuple(json.loads(cache.read_text())[key]) == curve
     stream.close()
     engine.close()

@@ -12,7 +12,7 @@ from helpers import PROMPTS
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.errors import ConfigError
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
-from mirrorsd.runtime.decode.threads import CorePins, Placement
+from mirrorsd.runtime.decode.threads import CorePins, CoreLayout
 from mirrorsd.runtime.drafters import ModelDrafter
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
@@ -37,7 +37,7 @@ def test_each_side_runs_on_its_own_core_and_output_is_unchanged(mode, target_mod
     target.seen, draft_lm.seen = set(), set()
     engine = Engine(target, tokenizer, ModelDrafter(draft_lm), helper=None)
     reference = Engine(target_model, tokenizer, None)
-    engine.placement = pins.placement()
+    engine.cores = pins.layout()
     cfg = GenerationConfig(max_new_tokens=24, num_draft_tokens=3, pipeline=mode)
     before = (os.sched_getaffinity(0), torch.get_num_threads())
     for prompt in PROMPTS:
@@ -47,7 +47,7 @@ def test_each_side_runs_on_its_own_core_and_output_is_unchanged(mode, target_mod
     assert draft_lm.seen == {(frozenset({pins.draft}), 1)}
     assert (os.sched_getaffinity(0), torch.get_num_threads()) == before  # the caller's thread is restored
     target.seen.clear()
-    engine.placement = Placement()
+    engine.cores = CoreLayout()
     engine.generate(PROMPTS[0], cfg)
     # unpinned, no pin leaks: every pass may use every core. (Its thread count is whatever torch gives the
     # thread that runs it: OpenMP keeps the count per thread, and in overlap the pipeline's first step may run
