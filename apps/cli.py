@@ -33,7 +33,8 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 BACKEND_HELP = ("Model backend: auto (onnx for an export folder; llama.cpp for a GGUF model, i.e. catalog models "
                 "and .gguf files, where llama-cpp-python is installed; else torch) | llamacpp | onnx (a "
-                "`mirrorsd export --role target` folder) | torch (float32 reference).")
+                "`mirrorsd export --role target` folder) | torch (float32 on the CPU; on a CUDA GPU the static-shape path, "
+                "bfloat16, CUDA graphs) | torch-static (the static-shape path on any device).")
 Backend = Annotated[str, typer.Option(help=BACKEND_HELP)]
 DraftBackend = Annotated[Optional[str], typer.Option(help="Backend of a draft model (default: --backend).")]
 
@@ -352,6 +353,9 @@ def devices(
               "(pip install 'mirrorsd[llamacpp]' runs GGUF models on llama.cpp's quantized kernels)")
     print("backend     auto -> onnx for an export folder (`mirrorsd export --role target`): ONNX Runtime's "
           "int4/int8 kernels, CUDA provider where installed")
+    if any(str(b.device).startswith("cuda") for b in inv.torch):
+        print("backend     torch on cuda -> the static-shape path (every pass 16 rows, CUDA graphs, bfloat16); "
+              "exact where its invariance check on this GPU passes (run at the first load, then kept)")
     print(f"target   -> {p.target}: {p.target_reason}")
     if p.draft == "export":
         print(f"draft    -> {p.draft_export} on {p.draft_backend}: {p.draft_reason}")

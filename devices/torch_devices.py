@@ -47,7 +47,8 @@ def default_dtype(device: torch.device) -> torch.dtype:
     passes (K+1 verified at once, or a cached prompt prefix vs a whole prefill), because its rounding
     after every layer flips near-tie argmaxes (docs/measurements.md). Lossless comes first, so
     bfloat16/float16 are opt-in (`dtype="bfloat16"`), documented as trading exact token identity for
-    speed.
+    speed. (The static-shape backend, runtime/backends/torch_static.py, runs every pass in one shape, so its
+    loader picks bfloat16 on a CUDA GPU: exact there too.)
     """
     return torch.float32
 

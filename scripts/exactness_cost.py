@@ -4,7 +4,8 @@ side in one process.
 For one model: batch invariance of each (max |logit diff| of verify passes of 1..17 positions against
 one-token decoding), the decode step, the verify pass over K+1 positions in decode steps of the same
 configuration, and a 256-token prefill; medians of alternating rounds. Writes a markdown table.
-- torch: float32 on the CPU, the default kernels (oneDNN linear, SDPA) vs the batch-invariant ones.
+- torch: float32 on the CPU, the default kernels (oneDNN linear, SDPA) vs the batch-invariant ones vs the
+  static-shape path (every pass 16 query rows over a static cache, as on a GPU).
 - onnx: ONNX Runtime's CPU provider, the export graph without the spare row (as a dynamic-profile draft is
   exported) vs the verifier's graph with it, per weight form (--quants).
 
@@ -53,12 +54,16 @@ def torch_configs(model, tokenizer, args, work: Path) -> dict:
     from mirrorsd.runtime.backends.torch_invariant import make_batch_invariant
     from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 
+    from mirrorsd.runtime.backends.torch_static import StaticTorchLM
+
     use_onednn_linear(model)
     default = copy.deepcopy(model)
+    static = StaticTorchLM(copy.deepcopy(model), "cpu", exact_batches=False)
     if not make_batch_invariant(model):
         raise SystemExit(f"the batch-invariant kernels do not apply to {args.model} here")
     return {"default (oneDNN linear, SDPA)": TorchCausalLM(default, "cpu"),
-            "batch-invariant (the default)": TorchCausalLM(model, "cpu")}
+            "batch-invariant (the default)": TorchCausalLM(model, "cpu"),
+            f"static shape, {static.rows} rows, {static.max_context} cells (torch-static)": static}
 
 
 def onnx_configs(model, tokenizer, args, work: Path) -> dict:

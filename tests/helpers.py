@@ -14,9 +14,7 @@ from scipy.stats import chisquare
 PROMPTS = ["def quicksort(arr):\n", "The quick brown fox", "import numpy as np\nfor i in range(10):"]
 
 
-def invariance_tokens(vocab: int, n: int) -> list[int]:
-    """A fixed token sequence for the batch-invariance checks: spread over the vocabulary, no model needed."""
-    return [(i * 7919 + 13) % vocab for i in range(n)]
+from mirrorsd.runtime.backends.invariance import probe_tokens as invariance_tokens  # noqa: E402,F401
 
 
 def hf_greedy(model, tokenizer, prompt: str, n: int, **kw) -> list[int]:

@@ -24,8 +24,8 @@ class LoadedModel:
 
 
 Loader = Callable[..., LoadedModel]
-"""loader(spec, device="auto", dtype="auto", progress=False) -> LoadedModel; spec: a model argument
-(catalog name, folder, .gguf file, hub id) or whatever the backend takes."""
+"""loader(spec, device="auto", dtype="auto", progress=False, role="target") -> LoadedModel; spec: a model
+argument (catalog name, folder, .gguf file, hub id) or whatever the backend takes; role: "target" or "draft"."""
 
 BACKENDS: dict[str, Loader] = {}
 
@@ -35,11 +35,12 @@ def register_backend(name: str, loader: Loader) -> None:
 
 
 def load_lm(spec: str, backend: str = "torch", device: str | None = "auto", dtype=None,
-            progress: bool = False) -> LoadedModel:
-    """Load `spec` on the named backend."""
+            progress: bool = False, role: str = "target") -> LoadedModel:
+    """Load `spec` on the named backend. role: "target", or "draft" (a backend may then choose speed over
+    exactness: a draft's passes are verified anyway)."""
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}", f"use one of: {', '.join(sorted(BACKENDS))}")
-    return BACKENDS[backend](spec, device=device, dtype=dtype, progress=progress)
+    return BACKENDS[backend](spec, device=device, dtype=dtype, progress=progress, role=role)
 
 
 def eos_ids(model, tokenizer) -> frozenset[int]:
@@ -53,9 +54,15 @@ def eos_ids(model, tokenizer) -> frozenset[int]:
     return frozenset(int(i) for i in ids)
 
 
-def _load_torch(spec: str, device: str | None = "auto", dtype=None, progress: bool = False) -> LoadedModel:
-    """The float32 reference backend: transformers on a torch device; in float32 on the CPU with batch-invariant
-    kernels (exact verify passes), else its linear layers on oneDNN where that applies."""
+def _load_torch(spec: str, device: str | None = "auto", dtype=None, progress: bool = False,
+                role: str = "target", static: bool | None = None) -> LoadedModel:
+    """transformers on a torch device. On a CUDA GPU (or with static=True anywhere) a Llama / Qwen2 / Mistral
+    model runs the static-shape backend (torch_static.py: fixed-shape passes replayed as CUDA graphs, bfloat16
+    by default, exact where the invariance check says so); elsewhere float32 on the CPU with batch-invariant
+    kernels (exact verify passes), else its linear layers on oneDNN where that applies. role "draft": a draft
+    model, whose passes need no exactness (one-row steps on the static backend)."""
+    import torch
+
     from mirrorsd.devices import parse_dtype, resolve_device
     from mirrorsd.models import load_model
     from mirrorsd.runtime.backends.cpu_kernels import use_onednn_linear
@@ -63,13 +70,55 @@ def _load_torch(spec: str, device: str | None = "auto", dtype=None, progress: bo
     from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 
     dev = resolve_device(device)
-    model, tokenizer = load_model(spec, dev, parse_dtype(dtype, dev), progress)
-    if not make_batch_invariant(model):
-        use_onednn_linear(model)
-    return LoadedModel(TorchCausalLM(model, dev), tokenizer, eos_ids(model, tokenizer))
+    static = dev.type == "cuda" if static is None else static
+    auto_dtype = dtype in (None, "auto")
+    torch_dtype = torch.bfloat16 if static and auto_dtype and dev.type == "cuda" else parse_dtype(dtype, dev)
+    model, tokenizer = load_model(spec, dev, torch_dtype, progress)
+    from mirrorsd.runtime.backends.torch_static import supports
+
+    if static and supports(model):
+        lm = _static_lm(model, dev, spec, role)
+    else:
+        if not make_batch_invariant(model):
+            use_onednn_linear(model)
+        lm = TorchCausalLM(model, dev)
+    return LoadedModel(lm, tokenizer, eos_ids(model, tokenizer))
 
 
-def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress: bool = False) -> LoadedModel:
+def _load_torch_static(spec: str, device: str | None = "auto", dtype=None, progress: bool = False,
+                       role: str = "target") -> LoadedModel:
+    return _load_torch(spec, device, dtype, progress, role, static=True)
+
+
+def _static_lm(model, device, spec: str, role: str):
+    """A StaticTorchLM: a target with the invariance check's verdict (measured once per model, dtype, device and
+    shape, kept in the cache folder's calibrations.json), or a draft with one-row steps."""
+    import torch
+
+    from mirrorsd import __version__
+    from mirrorsd.catalog import cache_dir
+    from mirrorsd.devices import machine_id
+    from mirrorsd.runtime.backends.torch_static import DEFAULT_ROWS, StaticTorchLM
+    from mirrorsd.runtime.decode.calibrate import CalibrationStore
+
+    if role == "draft":
+        return StaticTorchLM(model, device, rows=1, prefill_rows=DEFAULT_ROWS, exact_batches=False)
+    lm = StaticTorchLM(model, device, exact_batches=False)
+    store = CalibrationStore(cache_dir() / "calibrations.json")
+    key = " | ".join((f"invariance of {spec} on {lm.backend} in {lm.dtype}, {lm.rows} rows, {lm.max_context} cells",
+                      machine_id(), f"torch {torch.__version__}", f"mirrorsd {__version__}"))
+    verdict = store.get_verdict(key)
+    if verdict is None:
+        from mirrorsd.runtime.backends.torch_static import check_exact
+
+        verdict = check_exact(lm)
+        store.put_verdict(key, verdict)
+    lm.exact_batches = verdict
+    return lm
+
+
+def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress: bool = False,
+                   role: str = "target") -> LoadedModel:
     """The GGUF file as it is, on llama.cpp's kernels (dtype does not apply: the file's quantization is
     used). device "cpu" keeps every layer on the CPU; otherwise layers go to the GPU where the build has one."""
     from transformers import AutoTokenizer
@@ -86,7 +135,8 @@ def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress:
     return LoadedModel(lm, tokenizer, eos)
 
 
-def _load_onnx(spec: str, device: str | None = "auto", dtype=None, progress: bool = False) -> LoadedModel:
+def _load_onnx(spec: str, device: str | None = "auto", dtype=None, progress: bool = False,
+               role: str = "target") -> LoadedModel:
     """An export folder (`mirrorsd export --role target`) on ONNX Runtime: the CUDA provider where it is
     installed (device auto/cuda; the KV cache then stays on the GPU), else the CPU provider on the
     physical cores. dtype does not apply: the export's precision and quantization are used."""
@@ -142,11 +192,13 @@ def auto_backend(spec: str) -> str:
     return "llamacpp" if is_gguf(spec) and llamacpp_installed() else "torch"
 
 
-def _load_auto(spec: str, device: str | None = "auto", dtype=None, progress: bool = False) -> LoadedModel:
-    return BACKENDS[auto_backend(spec)](spec, device=device, dtype=dtype, progress=progress)
+def _load_auto(spec: str, device: str | None = "auto", dtype=None, progress: bool = False,
+               role: str = "target") -> LoadedModel:
+    return BACKENDS[auto_backend(spec)](spec, device=device, dtype=dtype, progress=progress, role=role)
 
 
 register_backend("torch", _load_torch)
+register_backend("torch-static", _load_torch_static)
 register_backend("llamacpp", _load_llamacpp)
 register_backend("onnx", _load_onnx)
 register_backend("auto", _load_auto)

@@ -88,6 +88,11 @@ def check_batch_invariance(lm, tokens: Sequence[int], offsets: Sequence[int], si
                             tuple(offsets), tuple(chunks))
 
 
+def probe_tokens(vocab: int, n: int) -> list[int]:
+    """A fixed token sequence spread over the vocabulary, to start a check without a tokenizer."""
+    return [(i * 7919 + 13) % vocab for i in range(n)]
+
+
 def greedy_tokens(lm, prompt: Sequence[int], n: int) -> list[int]:
     """prompt + n greedy tokens, one-token decoding: a realistic sequence to check invariance on."""
     tokens = [int(t) for t in prompt]

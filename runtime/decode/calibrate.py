@@ -176,6 +176,14 @@ class CalibrationStore:
     def put_curve(self, key: str, curve: tuple[float, ...]) -> None:
         self._put(key, list(curve))
 
+    def get_verdict(self, key: str) -> bool | None:
+        """A yes/no measurement kept under key (a backend's batch-invariance check on this device)."""
+        verdict = self._read().get(key)
+        return verdict if isinstance(verdict, bool) else None
+
+    def put_verdict(self, key: str, verdict: bool) -> None:
+        self._put(key, bool(verdict))
+
     def _put(self, key: str, value) -> None:
         from filelock import FileLock
 

@@ -61,7 +61,7 @@ def make_drafter(spec: str | Drafter | None, target_tokenizer, target_name: str 
     from mirrorsd.runtime.backends import load_lm
     from mirrorsd.tokenizer_check import check_tokenizers_match
 
-    loaded = load_lm(spec, backend, device=device, dtype=dtype, progress=progress)
+    loaded = load_lm(spec, backend, device=device, dtype=dtype, progress=progress, role="draft")
     check_tokenizers_match(target_tokenizer, loaded.tokenizer, target_name, spec)
     return ModelDrafter(loaded.lm)
 

@@ -57,7 +57,7 @@ def one_at_a_time(lm: ToyLM, prompt: list[int], n: int) -> list[int]:
 @pytest.fixture
 def toy_backend(tokenizer):
     """Registers the "toy" backend: the model argument is its seed."""
-    def load(spec: str, device=None, dtype=None, progress=False) -> LoadedModel:
+    def load(spec: str, device=None, dtype=None, progress=False, role="target") -> LoadedModel:
         return LoadedModel(ToyLM(len(tokenizer), seed=int(spec)), tokenizer, frozenset())
 
     register_backend("toy", load)
