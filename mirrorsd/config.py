@@ -115,7 +115,7 @@ class SpeculativeConfig:
     "auto": for a draft model, the faster of "off" and "overlap" as a one-time calibration on the
     request's placement measures them (runtime/decode/calibrate.py: a K-token verify pass and a draft token,
     alone and side by side); "off" for model-free drafters (they draft in microseconds: nothing to
-    hide).
+    hide; so does a model-free drafter in a seeded request, whatever the mode, so that the seed gives one output).
     Output is identical in every mode."""
 
     early_exit_layer: int | None = None

@@ -168,6 +168,28 @@ def test_seeded_sampling_is_the_same_in_every_mode_on_llamacpp(smol_cpp):
     assert runs["off"] == runs["overlap"] == runs["branches"], runs
 
 
+def test_seeded_sampling_with_the_chain_repeats_in_every_mode_run_after_run(smol_cpp):
+    """The default model-free chain with a seed: 20 runs in each mode, interleaved, give one output. (Its choice
+    between n-gram and retrieval learned across requests, and a pipeline verified drafts of other lengths than
+    the loop: either changed which random numbers a run drew.)"""
+    from mirrorsd.runtime.drafters.factory import make_drafter
+
+    ids = smol_cpp.encode([{"role": "user", "content": "Write a Python function that checks whether a string "
+                                                       "is a palindrome."}])
+    smol_cpp.drafter = make_drafter("chain", smol_cpp.tokenizer, "smollm2-135m")
+    runs: dict[str, set] = {}
+    try:
+        for _ in range(20):
+            for mode in ("off", "overlap", "branches"):
+                result = smol_cpp.generate(ids, GenerationConfig(max_new_tokens=40, temperature=0.8, seed=3,
+                                                                 pipeline=mode))
+                assert result.stats.drafted_tokens > 0
+                runs.setdefault(mode, set()).add(tuple(result.token_ids))
+    finally:
+        smol_cpp.drafter = None
+    assert len(set().union(*runs.values())) == 1, {mode: len(outputs) for mode, outputs in runs.items()}
+
+
 def test_llamacpp_chat_stops_at_eos_with_readable_text(smol_cpp):
     smol_cpp.drafter = NGramDrafter()
     try:
