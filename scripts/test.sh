@@ -17,4 +17,18 @@ if [ -z "${MIRRORSD_VLLM_PYTHON:-}" ] && [ "${MIRRORSD_VLLM:-1}" != 0 ]; then
     fi
     rm -f "$LOG"
 fi
+# The batch-invariant kernels for AVX2 without AVX-512 are built and tested on every x86-64 machine with AVX2
+# (tests/runtime/backends/test_invariance_variants.py): scripts/build_llama_variant.sh, about two minutes the first
+# time. MIRRORSD_AVX2=0 leaves it out.
+if [ -z "${MIRRORSD_LLAMA_AVX2:-}" ] && [ "${MIRRORSD_AVX2:-1}" != 0 ] && [ "$(uname -m)" = x86_64 ] \
+        && grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
+    LOG=$(mktemp)
+    if LIB=$(bash scripts/build_llama_variant.sh avx2 2>"$LOG" | tail -n 1) && [ -f "$LIB/libllama.so" ]; then
+        export MIRRORSD_LLAMA_AVX2="$LIB"
+    else
+        export MIRRORSD_LLAMA_AVX2_UNAVAILABLE="scripts/build_llama_variant.sh avx2 failed: $(tail -n 3 "$LOG" | tr '\n' ' ')"
+        echo "the AVX2 kernel test will skip: $MIRRORSD_LLAMA_AVX2_UNAVAILABLE" >&2
+    fi
+    rm -f "$LOG"
+fi
 .venv/bin/python -m pytest -q --durations=15 "$@"  # the slowest tests listed at the end

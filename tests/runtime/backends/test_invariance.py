@@ -53,6 +53,15 @@ def test_every_row_of_a_verify_pass_equals_one_token_decoding(quant, ggufs):
     assert report.by_size == dict.fromkeys(range(1, 18), 0.0)
 
 
+@pytest.mark.parametrize("quant", ["Q4_K_M", "Q6_K"])
+def test_every_row_is_exact_with_repacking_off(quant, ggufs):
+    """K-quant weights in their own layout (repack off) go through the multi-row vec_dot kernels instead of the
+    repacked GEMV: exact too."""
+    lm = LlamaCppLM(ggufs[quant], threads=2, n_ctx=512, repack=False)
+    report = check_batch_invariance(lm, TOKENS, offsets=(9, 280))
+    assert lm.exact_batches and report.exact, report.summary()
+
+
 @pytest.mark.parametrize("quant", ["Q4_K_M", "Q4_0"])
 def test_stock_kernels_fail_the_same_check(quant, ggufs):
     """The check can fail: llama.cpp's stock batched kernels (the tiled K-quant matmul, the repacked GEMM)

@@ -1,0 +1,36 @@
+"""The batch-invariant kernels of another x86 feature level than this machine's: an AVX2 build without AVX-512 (the
+CPUs most x86 laptops have), built by scripts/build_llama_variant.sh (scripts/test.sh builds it and names its folder
+in MIRRORSD_LLAMA_AVX2), runs test_invariance.py in a child process that loads it (LLAMA_CPP_LIB_PATH): every weight
+type, repacked and not, exact on those kernels too, on any x86-64 machine with AVX2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+
+
+def avx2_build() -> str:
+    lib = os.environ.get("MIRRORSD_LLAMA_AVX2")
+    if not lib:
+        pytest.skip(os.environ.get("MIRRORSD_LLAMA_AVX2_UNAVAILABLE",
+                                   "MIRRORSD_LLAMA_AVX2 is not set: bash scripts/test.sh builds the AVX2 variant"))
+    return lib
+
+
+def test_the_invariance_tests_pass_on_an_avx2_build():
+    env = {**os.environ, "LLAMA_CPP_LIB_PATH": avx2_build()}
+    info = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"],
+                          env=env, capture_output=True, text=True, check=True, timeout=120).stdout
+    assert "AVX2 = 1" in info and "AVX512" not in info, info  # the variant it says it is
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                          str(HERE / "test_invariance.py")], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
