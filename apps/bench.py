@@ -27,7 +27,7 @@ import torch
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.apps.bench_configs import (CONFIGS, CPP_TARGET_ONLY, ONNX_TARGET_ONLY, PINNED, TARGET_ONLY,
                                          BenchConfig, BenchContext, Output, measure_memory)
-from mirrorsd.apps import bench_vllm  # noqa: F401  (registers the vLLM peer rows)
+from mirrorsd.apps import bench_llama_server, bench_vllm  # noqa: F401  (register the served peer rows)
 from mirrorsd.apps.prompt_suite import CATEGORIES, BenchPrompt, bundled_suite, load_workload
 from mirrorsd.errors import ConfigError
 from mirrorsd.results import acceptance_by_source, add_drafter_tokens
@@ -63,7 +63,8 @@ class BenchOptions:
     out: str = "bench-out"
     only: tuple[str, ...] = ()  # configuration names to run (with their target-only references); empty = all
     pin_devices: bool = False  # separate compute simulated: verify side on one core, draft side on another
-    peers: tuple[str, ...] = ()  # peer groups that run only when asked for ("vllm": apps/bench_vllm.py)
+    peers: tuple[str, ...] = ()  # peer groups that run only when asked for ("vllm": apps/bench_vllm.py,
+    # "llama-server": apps/bench_llama_server.py)
 
 
 def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, datastore="default",
@@ -612,10 +613,10 @@ def markdown(report: dict) -> str:
               "reference) on the same prompts; per category: "
               + ", ".join(f"{c} ({sum(p['category'] == c for p in report['prompts'])})" for c in cats)
               + ". Sampled prompts (temperature > 0) are timed, not token-compared; so are json-schema prompts on "
-              "llama-cpp-python's rows (llama.cpp's own grammar engine lays JSON out its own way). Greedy equal: "
-              "token-equal to the same backend's target-only decoding (equal or FAILED: no allowance; "
-              "llama-cpp-python's rows, on llama.cpp's stock kernels, to its own generate; vLLM's rows to vLLM's "
-              "own target-only row); model MB: resident memory the row's models added when loaded (-: served by "
+              "llama-cpp-python's and llama-server's rows (llama.cpp's own grammar engine lays JSON out its own way). "
+              "Greedy equal: token-equal to the same backend's target-only decoding (equal or FAILED: no allowance; "
+              "llama-cpp-python's rows, on llama.cpp's stock kernels, to its own generate; vLLM's and llama-server's "
+              "rows to their own target-only row); model MB: resident memory the row's models added when loaded (-: served by "
               "another process).", "",
               "| " + " | ".join(_headers(cats)) + " |", "|" + "---|" * len(_headers(cats))]
     lines += ["| " + " | ".join(_row_cells(r, cats)) + " |" for r in report["rows"]]

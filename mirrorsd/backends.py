@@ -6,6 +6,8 @@ from mirrorsd._lazy import lazy_names
 SOURCES = {
     "mirrorsd.runtime.backends": ("llamacpp_installed", "load_lm"),
     "mirrorsd.runtime.backends.torch_lm": ("TorchCausalLM",),
+    "mirrorsd.runtime.backends.torch_static": ("StaticTorchLM",),
+    "mirrorsd.runtime.backends.cpu_kernels": ("physical_cores",),
     "mirrorsd.runtime.backends.torch_invariant": ("make_batch_invariant",),
     "mirrorsd.runtime.backends.llamacpp_lm": ("LlamaCppLM",),
     "mirrorsd.runtime.backends.exported": ("load_export_lm",),
