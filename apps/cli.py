@@ -123,6 +123,7 @@ def generate(
 ) -> None:
     """Generate text. Output is exactly what the target alone would produce (under --json-schema / --regex /
     --grammar: exactly what the target alone produces under that constraint)."""
+    _check_lengths(num_draft_tokens, max_new_tokens)  # before the heavy imports: a typo costs no model load
     from mirrorsd import Engine, GenerationConfig
     from mirrorsd.results import FinishEvent
 
@@ -365,6 +366,18 @@ def devices(
         print(f"draft    -> {p.draft_reason}")
     if check:
         _check_invariance(check, backend)
+
+
+def _check_lengths(k: int, max_new_tokens: int) -> None:
+    """--k and --max-new-tokens, checked and named as flags (GenerationConfig names its fields)."""
+    from mirrorsd.config import MAX_DRAFT_TOKENS
+    from mirrorsd.errors import ConfigError
+
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be at least 1, got {max_new_tokens}", "e.g. --max-new-tokens 256")
+    if not 1 <= k <= MAX_DRAFT_TOKENS:
+        raise ConfigError(f"--k must be from 1 to {MAX_DRAFT_TOKENS}, got {k}",
+                          "--k is the draft length K (typically 4-16); --draft none decodes without drafting")
 
 
 def _check_invariance(target: str, backend: str) -> None:

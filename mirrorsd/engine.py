@@ -28,7 +28,7 @@ from mirrorsd.runtime.decode.plan import DecodePlan, make_plan, run_plan
 from mirrorsd.runtime.decode.step import StepCore
 from mirrorsd.runtime.decode.threads import CoreLayout, cpu_draft_threads, overlap_threads, pinned
 from mirrorsd.runtime.drafters.chain import ChainDrafter
-from mirrorsd.runtime.drafters.factory import helper_for, make_drafter
+from mirrorsd.runtime.drafters.factory import check_not_a_misspelt_keyword, helper_for, make_drafter
 from mirrorsd.runtime.timeline import Timeline
 from mirrorsd.structured import GrammarConstraint, Grammars, grammar_text
 
@@ -152,6 +152,8 @@ class Engine:
         (`exact_batches` False: greedy output may then part from target-only decoding where two logits
         nearly tie); without it such a target decodes alone, and says so.
         """
+        if isinstance(draft, str):
+            check_not_a_misspelt_keyword(draft)  # before the target loads: a typo should cost no load
         loaded = load_lm(target, backend, device=device, dtype=dtype, progress=progress)
         if draft == "auto" and not loaded.lm.exact_batches and not allow_inexact:
             log.warning("%s on %s: verify passes are not batch-invariant, so draft 'auto' does not speculate "

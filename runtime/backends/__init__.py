@@ -126,7 +126,11 @@ def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress:
     from mirrorsd.models import resolve_gguf
     from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM, import_llama_cpp
 
-    import_llama_cpp()  # before any download: say at once that the extra is missing
+    llama_cpp = import_llama_cpp()  # before any download: say at once that the extra is missing
+    if device not in (None, "auto", "cpu") and not llama_cpp.llama_supports_gpu_offload():
+        raise ConfigError(f"device {device!r} asked for, but this llama-cpp-python build runs on the CPU only",
+                          "use --device cpu (or auto); on an NVIDIA GPU --backend torch runs the model there, or "
+                          'rebuild llama.cpp for it: CMAKE_ARGS="-DGGML_CUDA=on" bash scripts/setup.sh')
     gguf, tokenizer_dir = resolve_gguf(spec, progress)
     lm = LlamaCppLM(gguf, gpu_layers=0 if device == "cpu" else None)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -183,7 +187,8 @@ def llamacpp_installed() -> bool:
 
 def auto_backend(spec: str) -> str:
     """"onnx" for an export folder; "llamacpp" for a GGUF model (every catalog model, a .gguf file) where
-    llama-cpp-python is installed: the file's own quantized kernels; "torch" (float32) otherwise."""
+    llama-cpp-python is installed: the file's own quantized kernels; "torch" (float32) otherwise. (Loading with a
+    GPU device that the llama.cpp build cannot use picks "torch" instead.)"""
     from mirrorsd.export_format import is_export
     from mirrorsd.models import is_gguf
 
@@ -194,7 +199,13 @@ def auto_backend(spec: str) -> str:
 
 def _load_auto(spec: str, device: str | None = "auto", dtype=None, progress: bool = False,
                role: str = "target") -> LoadedModel:
-    return BACKENDS[auto_backend(spec)](spec, device=device, dtype=dtype, progress=progress, role=role)
+    backend = auto_backend(spec)
+    if backend == "llamacpp" and device not in (None, "auto", "cpu"):
+        import llama_cpp
+
+        if not llama_cpp.llama_supports_gpu_offload():
+            backend = "torch"  # a GPU asked for, which this llama.cpp build cannot use: torch runs the model there
+    return BACKENDS[backend](spec, device=device, dtype=dtype, progress=progress, role=role)
 
 
 register_backend("torch", _load_torch)

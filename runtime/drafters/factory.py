@@ -58,12 +58,29 @@ def make_drafter(spec: str | Drafter | None, target_tokenizer, target_name: str 
         from mirrorsd.runtime.drafters.exported import drafter_from_export
 
         return drafter_from_export(spec, target_tokenizer, target_name, export_device, export_threads)
+    check_not_a_misspelt_keyword(spec)
     from mirrorsd.runtime.backends import load_lm
     from mirrorsd.tokenizer_check import check_tokenizers_match
 
     loaded = load_lm(spec, backend, device=device, dtype=dtype, progress=progress, role="draft")
     check_tokenizers_match(target_tokenizer, loaded.tokenizer, target_name, spec)
     return ModelDrafter(loaded.lm)
+
+
+DRAFTER_KEYWORDS = ("auto", "ngram", "retrieval", "chain", "none")
+
+
+def check_not_a_misspelt_keyword(spec: str) -> None:
+    """A spec that is no file or folder but nearly a drafter keyword ("ngrams") is a typo, not a model to fetch."""
+    import difflib
+    from pathlib import Path
+
+    kind = spec.partition(":")[0]
+    close = difflib.get_close_matches(kind, DRAFTER_KEYWORDS, n=1, cutoff=0.75)
+    if close and kind not in DRAFTER_KEYWORDS and not Path(spec).expanduser().exists():
+        raise ConfigError(f"unknown drafter {spec!r}: did you mean {close[0]!r}?",
+                          "a drafter is auto, ngram, retrieval[:PATH], chain[:PATH] or none, an export folder, or "
+                          "a draft model (catalog name, folder, .gguf file)")
 
 
 def helper_for(drafter: Drafter | None) -> Drafter | None:

@@ -31,11 +31,14 @@ def test_bad_arguments_give_a_message_not_a_traceback(tiny_folder):
     bad_temp = run("generate", "--target", str(tiny_folder), "--temperature", "-1", "hi")
     assert bad_temp.returncode == 2 and "temperature" in bad_temp.stderr and "Traceback" not in bad_temp.stderr
     for args, words in [(["--seed", "-1"], "seed"), (["--k", "abc"], "--k"), (["--no-such-flag"], "no-such-flag"),
-                        (["--trace", str(tiny_folder / "config.json" / "t.json")], "cannot write the trace")]:
+                        (["--trace", str(tiny_folder / "config.json" / "t.json")], "cannot write the trace"),
+                        (["--k", "0"], "--k must be from 1"), (["--max-new-tokens", "0"], "--max-new-tokens must")]:
         out = run("generate", "--target", str(tiny_folder), *args, "hi")
         assert out.returncode == 2 and out.stderr.startswith("mirrorsd: error:") and words in out.stderr, out.stderr
         # (startswith: refused before the model loads, so no loading output comes first)
         assert "Traceback" not in out.stderr and "hint:" in out.stderr
+    typo = run("generate", "--target", str(tiny_folder), "--draft", "ngrams", "hi")
+    assert typo.returncode == 2 and "did you mean 'ngram'" in typo.stderr and "chain[:PATH]" in typo.stderr
 
 
 def test_models_lists_the_catalog(tmp_path):

@@ -131,6 +131,23 @@ def test_a_corrupt_gguf_is_a_clear_error(tmp_path):
     assert "could not load broken.gguf" in err.value.message and "--backend torch" in err.value.hint
 
 
+def test_a_gpu_device_on_a_cpu_only_build_is_refused_before_anything_loads(tmp_path):
+    """--device cuda on a llama.cpp build without GPU offload would run on the CPU and say nothing."""
+    import llama_cpp
+
+    from mirrorsd.runtime.backends import load_lm
+
+    if llama_cpp.llama_supports_gpu_offload():
+        pytest.skip("this llama-cpp-python build offloads to a GPU")
+    with pytest.raises(ConfigError, match="runs on the CPU only") as err:
+        load_lm(str(tmp_path / "not-even-a-file.gguf"), "llamacpp", device="cuda")
+    assert "--device cpu" in err.value.hint
+    # the auto backend takes the GPU to torch instead, which says whether it sees one
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="torch sees no CUDA GPU"):
+            load_lm(str(tmp_path / "not-even-a-file.gguf"), "auto", device="cuda")
+
+
 def test_a_gguf_of_an_unknown_architecture_is_a_clear_error(tmp_path, tokenizer):
     import gguf
 
