@@ -71,8 +71,8 @@ def _load_torch(spec: str, device: str | None = "auto", dtype=None, progress: bo
 
     dev = resolve_device(device)
     static = dev.type == "cuda" if static is None else static
-    auto_dtype = dtype in (None, "auto")
-    torch_dtype = torch.bfloat16 if static and auto_dtype and dev.type == "cuda" else parse_dtype(dtype, dev)
+    graphed_default = static and dev.type == "cuda" and dtype in (None, "auto")  # exact in bfloat16 there
+    torch_dtype = torch.bfloat16 if graphed_default else parse_dtype(dtype, dev)
     model, tokenizer = load_model(spec, dev, torch_dtype, progress)
     from mirrorsd.runtime.backends.torch_static import supports
 
@@ -126,8 +126,8 @@ def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress:
     from mirrorsd.models import resolve_gguf
     from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM, import_llama_cpp
 
-    llama_cpp = import_llama_cpp()  # before any download: say at once that the extra is missing
-    if device not in (None, "auto", "cpu") and not llama_cpp.llama_supports_gpu_offload():
+    import_llama_cpp()  # before any download: say at once that the extra is missing
+    if _gpu_beyond_llamacpp(device):
         raise ConfigError(f"device {device!r} asked for, but this llama-cpp-python build runs on the CPU only",
                           "use --device cpu (or auto); on an NVIDIA GPU --backend torch runs the model there, or "
                           'rebuild llama.cpp for it: CMAKE_ARGS="-DGGML_CUDA=on" bash scripts/setup.sh')
@@ -179,6 +179,15 @@ def onnx_provider(device: str | None) -> str:
     return device
 
 
+def _gpu_beyond_llamacpp(device: str | None) -> bool:
+    """A GPU device asked for, and the installed llama-cpp-python build cannot offload to one."""
+    if device in (None, "auto", "cpu"):
+        return False
+    import llama_cpp
+
+    return not llama_cpp.llama_supports_gpu_offload()
+
+
 def llamacpp_installed() -> bool:
     import importlib.util
 
@@ -200,11 +209,8 @@ def auto_backend(spec: str) -> str:
 def _load_auto(spec: str, device: str | None = "auto", dtype=None, progress: bool = False,
                role: str = "target") -> LoadedModel:
     backend = auto_backend(spec)
-    if backend == "llamacpp" and device not in (None, "auto", "cpu"):
-        import llama_cpp
-
-        if not llama_cpp.llama_supports_gpu_offload():
-            backend = "torch"  # a GPU asked for, which this llama.cpp build cannot use: torch runs the model there
+    if backend == "llamacpp" and _gpu_beyond_llamacpp(device):
+        backend = "torch"  # a GPU asked for, which this llama.cpp build cannot use: torch runs the model there
     return BACKENDS[backend](spec, device=device, dtype=dtype, progress=progress, role=role)
 
 
