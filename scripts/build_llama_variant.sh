@@ -7,12 +7,17 @@
 #           test_invariance_variants.py). About two minutes on two cores.
 #   server  llama-server for this CPU, with llama.cpp's stock kernels: the peer `mirrorsd bench --peers llama-server`
 #           measures beside ours (apps/bench_llama_server.py). About five minutes.
+#   arm64   ggml cross-compiled for ARM64 (NEON with dotprod, as Apple M1; and with i8mm, as Apple M2+ and Snapdragon
+#           X) and linked into scripts/kernel_invariance.cpp, the kernel-level invariance check, one static binary
+#           per CPU level, run under qemu-user by tests/runtime/backends/test_kernel_invariance.py. Needs Debian's
+#           gcc-aarch64-linux-gnu, g++-aarch64-linux-gnu (and qemu-user to run). About a minute.
 #   bash scripts/build_llama_variant.sh avx2     # prints the folder holding the libraries (built once, then cached)
 #   bash scripts/build_llama_variant.sh server   # prints the path of llama-server
+#   bash scripts/build_llama_variant.sh arm64    # prints the folder holding kernel_invariance-<march> binaries
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VARIANT=${1:-avx2}
-TOOLS=OFF CPU=""
+TOOLS=OFF CPU="" EXTRA=""
 case "$VARIANT" in
     avx2) FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF"
           TARGET=llama PRODUCT=lib/libllama.so
@@ -22,13 +27,19 @@ case "$VARIANT" in
             # as scripts/setup.sh builds the wheel: without AMX (its matmul died with SIGILL on a Xeon here)
             [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] && export CFLAGS="${CFLAGS--mno-amx-tile -mno-amx-int8 -mno-amx-bf16}" \
                 CXXFLAGS="${CXXFLAGS--mno-amx-tile -mno-amx-int8 -mno-amx-bf16}" ;;
-    *) echo "unknown variant $VARIANT (known: avx2, server)" >&2; exit 2 ;;
+    arm64) FLAGS="-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DBUILD_SHARED_LIBS=OFF" TARGET=ggml
+           MARCHES="armv8.2-a+dotprod+fp16 armv8.2-a+dotprod+i8mm+fp16"
+           PRODUCT=lib/kernel_invariance-armv8.2-a+dotprod+fp16
+           EXTRA=$(cksum < scripts/kernel_invariance.cpp)  # the check is part of the product
+           command -v aarch64-linux-gnu-g++ > /dev/null \
+               || { echo "no aarch64-linux-gnu-g++ (Debian: apt-get install g++-aarch64-linux-gnu)" >&2; exit 3; } ;;
+    *) echo "unknown variant $VARIANT (known: avx2, server, arm64)" >&2; exit 2 ;;
 esac
 PY=.venv/bin/python
 [ -x "$PY" ] || PY=python3
 LLAMA=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml | head -n 1)
 PATCH=$PWD/scripts/patches/ggml-cpu-batch-invariant.patch
-KEY=$(printf '%s|' "$LLAMA" "$VARIANT" "$FLAGS" "${CFLAGS-}" "$(cksum < "$PATCH")" "$(uname -sm)" "$CPU" \
+KEY=$(printf '%s|' "$LLAMA" "$VARIANT" "$FLAGS" "${CFLAGS-}" "$(cksum < "$PATCH")" "$(uname -sm)" "$CPU" "$EXTRA" \
     | cksum | cut -d ' ' -f 1)
 OUT="${XDG_CACHE_HOME:-$HOME/.cache}/mirrorsd/llama-variants/$VARIANT-$KEY"
 if [ ! -f "$OUT/$PRODUCT" ]; then
@@ -38,6 +49,25 @@ if [ ! -f "$OUT/$PRODUCT" ]; then
     tar xzf "$SRC"/llama_cpp_python-*.tar.gz -C "$SRC"
     VENDOR=$(echo "$SRC"/llama_cpp_python-*/vendor/llama.cpp)
     (cd "$SRC"/llama_cpp_python-*/ && git apply -p1 --directory=vendor/llama.cpp "$PATCH")  # as scripts/setup.sh
+    if [ "$VARIANT" = arm64 ]; then
+        mkdir -p "$OUT.tmp/lib"
+        printf '%s\n' 'set(CMAKE_SYSTEM_NAME Linux)' 'set(CMAKE_SYSTEM_PROCESSOR aarch64)' \
+            'set(CMAKE_C_COMPILER aarch64-linux-gnu-gcc)' 'set(CMAKE_CXX_COMPILER aarch64-linux-gnu-g++)' \
+            > "$SRC/aarch64.cmake"
+        for MARCH in $MARCHES; do
+            B="$SRC/build-$MARCH"
+            cmake -S "$VENDOR" -B "$B" -DCMAKE_TOOLCHAIN_FILE="$SRC/aarch64.cmake" -DCMAKE_BUILD_TYPE=Release $FLAGS \
+                -DGGML_CPU_ARM_ARCH="$MARCH" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+                -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF >&2
+            cmake --build "$B" --target ggml -j "$(nproc 2>/dev/null || echo 2)" >&2
+            aarch64-linux-gnu-g++ -O2 -std=c++17 -I"$VENDOR/ggml/include" scripts/kernel_invariance.cpp \
+                "$B/ggml/src/libggml.a" "$B/ggml/src/libggml-cpu.a" "$B/ggml/src/libggml-base.a" -static -pthread \
+                -o "$OUT.tmp/lib/kernel_invariance-$MARCH"
+        done
+        rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
+        echo "$OUT/lib"
+        exit 0
+    fi
     # the libraries find each other beside themselves ($ORIGIN), wherever they are copied
     cmake -S "$VENDOR" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON $FLAGS \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=$TOOLS \
@@ -48,4 +78,4 @@ if [ ! -f "$OUT/$PRODUCT" ]; then
     [ "$TARGET" = llama ] || cp "$SRC/build/bin/$TARGET" "$OUT.tmp/lib/"
     rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
 fi
-[ "$TARGET" = llama ] && echo "$OUT/lib" || echo "$OUT/$PRODUCT"
+[ "$TARGET" = llama ] || [ "$TARGET" = ggml ] && echo "$OUT/lib" || echo "$OUT/$PRODUCT"

@@ -31,4 +31,26 @@ if [ -z "${MIRRORSD_LLAMA_AVX2:-}" ] && [ "${MIRRORSD_AVX2:-1}" != 0 ] && [ "$(u
     fi
     rm -f "$LOG"
 fi
+# The same kernels for ARM64 (NEON with dotprod, and with i8mm), checked at the kernel level under qemu-user
+# (tests/runtime/backends/test_kernel_invariance.py): Debian's cross compiler and qemu-user, installed here where
+# apt-get can (about a minute), and scripts/build_llama_variant.sh arm64 (about a minute). MIRRORSD_ARM64=0 leaves
+# it out.
+if [ -z "${MIRRORSD_KERNEL_ARM64:-}" ] && [ "${MIRRORSD_ARM64:-1}" != 0 ]; then
+    LOG=$(mktemp)
+    PKGS="gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user"
+    if ! command -v aarch64-linux-gnu-g++ > /dev/null || ! command -v qemu-aarch64 > /dev/null; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q $PKGS > "$LOG" 2>&1 \
+                || { apt-get update -q >> "$LOG" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $PKGS >> "$LOG" 2>&1; } \
+                || true
+        fi
+    fi
+    if DIR=$(bash scripts/build_llama_variant.sh arm64 2>>"$LOG" | tail -n 1) && [ -d "$DIR" ]; then
+        export MIRRORSD_KERNEL_ARM64="$DIR"
+    else
+        export MIRRORSD_KERNEL_ARM64_UNAVAILABLE="the ARM64 build failed ($PKGS needed): $(tail -n 3 "$LOG" | tr '\n' ' ')"
+        echo "the ARM64 kernel check will skip: $MIRRORSD_KERNEL_ARM64_UNAVAILABLE" >&2
+    fi
+    rm -f "$LOG"
+fi
 .venv/bin/python -m pytest -q --durations=15 "$@"  # the slowest tests listed at the end
