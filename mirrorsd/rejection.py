@@ -53,27 +53,26 @@ def verify(
         return n, list(draft.tokens[:n]) + [target_ids[n]]
 
     p = scores.double().cpu().numpy()  # [k+1, V]
-    vocab = p.shape[-1]
     for i, x in enumerate(draft.tokens):
-        if draft.probs is None:
-            q_i = None
-            q_x = 1.0
-        else:
-            q_i = _fit_width(draft.probs[i], vocab)
-            q_x = float(q_i[x])
-        p_x = float(p[i, x])
-        if q_x > 0 and rng.random() < min(1.0, p_x / q_x):
-            continue
-        # Rejected at position i: draw the correction from the residual norm(max(0, p - q)).
-        if q_i is None:
-            residual = p[i].copy()
-            residual[x] = 0.0
-        else:
-            residual = np.maximum(p[i] - q_i, 0.0)
-        if residual.sum() <= 0.0:  # p == q (up to rounding): the residual is undefined; use p.
-            residual = p[i]
-        return i, list(draft.tokens[:i]) + [sample_categorical(residual, rng)]
-    return k, list(draft.tokens) + [sample_categorical(p[k], rng)]
+        q_i = None if draft.probs is None else _fit_width(draft.probs[i], p.shape[-1])  # [V]; None: q = one-hot x
+        q_x = 1.0 if q_i is None else float(q_i[x])
+        if q_x > 0 and rng.random() < min(1.0, float(p[i, x]) / q_x):
+            continue  # accepted
+        return i, list(draft.tokens[:i]) + [_recovered(p[i], q_i, x, rng)]
+    return k, list(draft.tokens) + [sample_categorical(p[k], rng)]  # every token accepted: the bonus token
+
+
+def _recovered(p_i: np.ndarray, q_i: np.ndarray | None, x: int, rng: np.random.Generator) -> int:
+    """The token drawn where draft token x was rejected: from the residual norm(max(0, p - q)) (q one-hot at x when
+    the drafter gave no distribution)."""
+    if q_i is None:
+        residual = p_i.copy()
+        residual[x] = 0.0
+    else:
+        residual = np.maximum(p_i - q_i, 0.0)
+    if residual.sum() <= 0.0:  # p == q (up to rounding): the residual is undefined; use p.
+        residual = p_i
+    return sample_categorical(residual, rng)
 
 
 def _fit_width(q: np.ndarray, vocab: int) -> np.ndarray:

@@ -41,7 +41,7 @@ class DraftLengthSchedule:
 
 class CostAwareSchedule:
     """K per step from measured costs: the k in [1, max_draft_tokens] with the highest predicted
-    speedup (runtime/speedup.py), given the running acceptance estimate alpha and the measured cost
+    speedup (runtime/decode/speedup.py), given the running acceptance estimate alpha and the measured cost
     ratio c.
 
     alpha comes from an AcceptanceEstimate. Costs are moving averages of the measured draft time per

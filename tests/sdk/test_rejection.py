@@ -104,6 +104,21 @@ def test_processing_matches_transformers(temperature, top_k, top_p, penalty):
     np.testing.assert_allclose(ours[0].double().numpy(), ref, atol=1e-6)
 
 
+@pytest.mark.parametrize("temperature,top_k,top_p,min_p", [(0.7, 0, 1.0, 0.05), (1.3, 10, 0.9, 0.2), (1.0, 0, 1.0, 1.0)])
+def test_min_p_matches_transformers(temperature, top_k, top_p, min_p):
+    from transformers.generation.logits_process import (LogitsProcessorList, MinPLogitsWarper,
+                                                        TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
+    torch.manual_seed(2)
+    logits = torch.randn(3, 64) * 3
+    procs = LogitsProcessorList([TemperatureLogitsWarper(temperature)] + ([TopKLogitsWarper(top_k)] if top_k else [])
+                                + ([TopPLogitsWarper(top_p)] if top_p < 1 else []) + [MinPLogitsWarper(min_p)])
+    expected = torch.softmax(procs(torch.zeros(3, 1, dtype=torch.long), logits.clone()), dim=-1)
+    ours = next_token_scores(logits, SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p), [])
+    torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-5)
+    assert (ours > 0).sum() < (torch.softmax(logits, -1) > 0).sum()  # it removed tokens: the case is not vacuous
+
+
 @pytest.mark.parametrize("top_p", [0.5, 0.9, 0.95, 0.999])
 def test_top_p_on_a_large_vocabulary_keeps_what_transformers_keeps(top_p):
     """The partial top-k nucleus (widened when the first 256 tokens hold too little mass) against
