@@ -34,6 +34,9 @@ from mirrorsd.results import acceptance_by_source, add_drafter_tokens
 from mirrorsd.bench import CorePins
 
 QUICK = dict(target="smollm2-135m", draft_model=None, per_category=1, max_new_tokens=48, repeats=2)
+# --quick's rows: what `generate` runs by default (llama.cpp) and the llama.cpp peers, beside its reference
+QUICK_ONLY = ("n-gram, llama.cpp (ours)", "chain n-gram + retrieval, llama.cpp (ours)", "llama-cpp-python generate",
+              "prompt lookup (llama-cpp-python)")
 
 
 @dataclass
@@ -164,11 +167,11 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
             configs_run, done = reached, 1
         cells = {c.name: cells[c.name][:done] for c in configs_run}
         _write_report(opts, ctx, prompts[:done], encoded[:done], configs_run, cells, skipped, command, console,
-                      partial_of=len(prompts))
+                      partial_of=len(prompts), busy=busy)
         console.print(f"interrupted: partial report ({done} of {len(prompts)} prompts) written to "
                       f"{Path(opts.out) / 'report.json'} and {Path(opts.out) / 'report.md'}")
         raise
-    return _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command, console)
+    return _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command, console, busy=busy)
 
 
 def _finished_prompts(cells: dict, repeats: int) -> int:
@@ -178,11 +181,12 @@ def _finished_prompts(cells: dict, repeats: int) -> int:
 
 
 def _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command, console,
-                  partial_of: int | None = None) -> dict:
+                  partial_of: int | None = None, busy: str | None = None) -> dict:
     """report.json, report.md and the plots; partial_of: the suite's size when Ctrl-C cut the run short."""
     from rich.console import Console
 
     report = _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command)
+    report["busy"] = busy or machine_busy()  # at the start, or now
     report["verdict"] = verdict(report)
     report["partial"] = partial_of is not None
     if partial_of is not None:
@@ -601,6 +605,8 @@ def markdown(report: dict) -> str:
     lines = []
     if report.get("partial"):
         lines += [f"**Partial report: {report['interrupted']}; the numbers cover those prompts only.**", ""]
+    if report.get("busy"):
+        lines += [f"**Warning: {report['busy']} during the run: the timings are slow and noisy.**", ""]
     if report.get("command"):
         lines += [f"`{report['command']}`", ""]
     if report.get("verdict"):
@@ -656,13 +662,38 @@ def _decode_table(report: dict) -> list[str]:
 ALTERNATIVE_MARGIN = 1.05  # a category's fastest row is named beside the verdict when it beats the winner by this
 
 
+SPEEDUP_SLACK = 1.15  # timing noise a ratio may carry beyond what the tokens per target pass allow
+
+
+def doubts(report: dict, row: dict) -> list[str]:
+    """Why a row's speedup cannot be trusted: a busy machine, one run per prompt, or a ratio the row's own
+    tokens per target pass rule out (a pass costs at least a decode step, so a row that commits L tokens per
+    pass is at most L times its target-only reference; more means the reference ran slow)."""
+    found = []
+    if report.get("busy"):
+        found.append(report["busy"])
+    if report.get("settings", {}).get("repeats", 2) < 2:
+        found.append("one run per prompt (--repeats 1)")
+    per_pass = row.get("mean_accepted_length")  # None: not recorded for this row, nothing to bound it by
+    if per_pass is not None and row["speedup_vs_target_only"] > SPEEDUP_SLACK * max(per_pass, 1.0):
+        found.append(f"{row['configuration']} measured {row['speedup_vs_target_only']:.2f}x its target-only reference "
+                     f"with {per_pass:.2f} tokens per target pass, which allows at most {per_pass:.2f}x: the reference "
+                     "ran slow")
+    return found
+
+
 def verdict(report: dict) -> str | None:
     """What to use on this machine for this workload, from the measured rows: our fastest exact row over the
-    run, and where another of ours is clearly faster on a category, that one for work mostly of that kind."""
+    run, and where another of ours is clearly faster on a category, that one for work mostly of that kind; or
+    why the measurement cannot say (doubts)."""
     ours = [r for r in report["rows"] if r["ours"] and r["greedy_equal_to_target_only"] is not False]
     if not ours:
         return None
     best = max(ours, key=lambda r: r["tokens_per_second"])
+    unreliable = doubts(report, best)
+    if unreliable:
+        return ("No verdict: the measurement is unreliable (" + "; ".join(unreliable) + "). Rerun on a quiet "
+                "machine, with --repeats 3 or more.")
     line = (f"Use {best['configuration']}: {best['tokens_per_second']:.1f} tok/s, "
             f"{best['speedup_vs_target_only']:.2f}x plain decoding on its backend here (exact output)")
     wins: dict[str, list[str]] = {}  # another row of ours -> the categories it clearly wins

@@ -110,5 +110,6 @@ def run_chat(target: str, draft: str, device: str = "auto", dtype: str = "auto",
     from mirrorsd.engine import Engine
 
     with Engine.load(target=target, draft=draft, device=device, dtype=dtype, progress=True, backend=backend) as engine:
+        engine.prepare()  # measured now (once per machine, then kept): `you>` means the first reply starts at once
         run_terminal_chat(ChatSession(engine, settings), highlight=highlight)
     return 0

@@ -124,12 +124,14 @@ def stats_fields(stats: dict) -> dict[str, str]:
     modules add later travel with the dict and can be shown in a details view)."""
     alpha = stats.get("acceptance_rate")
     first = stats.get("time_to_first_token_s")
+    drafted = bool(stats.get("drafted_tokens"))
     return {
         "tokens/s": f"{stats.get('tokens_per_second', 0.0):.1f}",
         "first token": "–" if first is None else f"{first:.2f} s",
         "acceptance": "n/a" if alpha is None else f"{alpha:.0%}",
         "mean accepted length": f"{stats.get('mean_accepted_length', 0.0):.2f}",
-        "drafter": str(stats.get("drafter", "none")),
+        # who drafted the steps that carried drafts; never "none" beside an acceptance
+        "drafter": str(stats.get("drafted_by", "?")) if drafted else "no drafts",
         "tokens": str(stats.get("generated_tokens", 0)),
         "pipeline": _pipeline(stats),
     }
@@ -162,10 +164,45 @@ def format_stat(key: str, value) -> str:
     return str(value) or "–"
 
 
+STAT_GROUPS = {  # how /stats and the window's tooltip group GenerationStats.to_dict(); the rest goes under "other"
+    "tokens": ("prompt_tokens", "cached_prompt_tokens", "generated_tokens", "verify_steps"),
+    "time": ("total_time_s", "time_to_first_token_s", "prompt_time_s", "tokens_per_second", "draft_time_s",
+             "verify_time_s", "draft_hidden_s", "hidden_draft_share", "draft_idle_s", "verify_idle_s"),
+    "speculation": ("drafter", "drafted_by", "drafting_share", "drafter_shares", "chain", "drafted_tokens",
+                    "accepted_tokens", "acceptance_rate", "acceptance_by_drafter", "mean_accepted_length",
+                    "per_position_acceptance", "per_position_drafted", "per_position_accepted", "drafters",
+                    "drafter_tokens", "fallbacks"),
+    "pipeline and branches": ("pipeline", "branch_source", "branch_hits", "branch_misses", "branch_hit_rate",
+                              "branch_coverage", "hinted_steps", "hinted_rejections", "hinted_covered",
+                              "branches_planned", "branches_ready", "branches_ready_share", "branch_plans_late",
+                              "branch_states"),
+    "backend": ("backend", "exact"),
+}
+
+
 def stats_details(stats: dict) -> str:
-    """Every statistic, one per line, formatted (the window's tooltip)."""
-    return "\n".join(f"{key.removesuffix('_s').replace('_', ' ')}: {format_stat(key, value)}"
-                     for key, value in stats.items())
+    """Every statistic, formatted, one per line under its group (/stats, the window's tooltip)."""
+    grouped = {name: [k for k in keys if k in stats] for name, keys in STAT_GROUPS.items()}
+    listed = {k for keys in grouped.values() for k in keys}
+    grouped["other"] = [k for k in stats if k not in listed]
+    return "\n".join(f"{name}:\n" + "\n".join(f"  {k.removesuffix('_s').replace('_', ' ')}: {format_stat(k, stats[k])}"
+                                              for k in keys)
+                     for name, keys in grouped.items() if keys)
+
+
+def model_info(engine) -> str:
+    """What ollama's `/show info` says of a model: architecture, parameters, quantization, context; plus where
+    it runs and what drafts for it."""
+    from mirrorsd.backends import model_facts
+
+    facts = model_facts(engine.target)
+    rows = {"model": engine.name, "backend": engine.target.backend, "architecture": facts.family or "?",
+            "parameters": facts.parameter_size or "?", "quantization": facts.quantization or "?",
+            "weights": f"{facts.size_bytes / 1e6:.0f} MB" if facts.size_bytes else "?",
+            "context length": str(engine.target.max_context),
+            "exact verify passes": "yes" if engine.target.exact_batches else "no",
+            "drafter": "none" if engine.drafter is None else engine.drafter.name}
+    return "\n".join(f"  {k:<20}{v}" for k, v in rows.items())
 
 
 def finish_note(turn: Turn, max_new_tokens: int) -> str:
@@ -175,8 +212,39 @@ def finish_note(turn: Turn, max_new_tokens: int) -> str:
     return "stopped" if turn.finish_reason == "cancelled" else ""
 
 
-def stats_line(stats: dict) -> str:
-    return " · ".join(f"{k} {v}" for k, v in stats_fields(stats).items())
+def stats_line(stats: dict, load_s: float | None = None) -> str:
+    """One line a person reads, as ollama's --verbose counts: the load (where given), the prompt (tokens
+    processed, cached ones apart, and their rate), the reply (tokens and the decode rate, prompt excluded), and
+    what speculation did (who drafted, how often, how much was accepted). From GenerationStats.to_dict()."""
+    prompt_s, total_s = stats.get("prompt_time_s", 0.0), stats.get("total_time_s", 0.0)
+    cached = stats.get("cached_prompt_tokens", 0)
+    processed = stats.get("prompt_tokens", 0) - cached
+    generated = stats.get("generated_tokens", 0)
+    parts = [] if load_s is None else [f"load {load_s:.2f} s"]
+    parts.append(f"prompt {processed} tokens" + (f" (+{cached} cached)" if cached else "") +
+                 f" in {prompt_s:.2f} s{_rate(processed, prompt_s)}")
+    parts.append(f"reply {generated} tokens in {max(total_s - prompt_s, 0.0):.2f} s"
+                 f"{_rate(generated, total_s - prompt_s)}")
+    parts.append(_speculation(stats))
+    return " · ".join(parts)
+
+
+def _rate(tokens: int, seconds: float) -> str:
+    return f" ({tokens / seconds:.1f} tok/s)" if tokens and seconds > 0 else ""
+
+
+def _speculation(stats: dict) -> str:
+    """Who drafted and what came of it; never an acceptance beside "no drafts"."""
+    if not stats.get("drafted_tokens"):
+        return "no drafts (plain decoding)"
+    text = (f"drafts by {stats.get('drafted_by', '?')} on {stats.get('drafting_share', 0.0):.0%} of steps, "
+            f"{stats.get('acceptance_rate') or 0.0:.0%} accepted, {stats.get('mean_accepted_length', 0.0):.2f} "
+            "tokens per step")
+    if stats.get("pipeline", "off") != "off":
+        text += f", {_pipeline(stats)}"
+    if stats.get("exact") is False:
+        text += " (inexact backend: verify passes not batch-invariant)"
+    return text
 
 
 def engine_summary(engine) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import tempfile
@@ -87,7 +88,13 @@ class ConversationStore:
     def load(self, conversation_id: str) -> Conversation:
         """The conversation in <id>.json; ValueError for a file that is not one. Its id is the file's name,
         whatever an "id" inside it says."""
-        data = json.loads(self.path(conversation_id).read_text(encoding="utf-8"))
+        path = self.path(conversation_id)
+        if path.exists() and not path.is_file():  # a FIFO would block the read forever, a folder fail oddly
+            raise ValueError(f"{path.name} is not a regular file")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None
         return _conversation(data, conversation_id)
 
     def list(self) -> list[Conversation]:
@@ -119,8 +126,15 @@ def _conversation(data, conversation_id: str) -> Conversation:
             raise ValueError(f"{key!r} is not a string")
     for key in ("created", "updated"):
         value = data.get(key, 0.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
             raise ValueError(f"{key!r} is not a time in seconds")
     return Conversation(messages=[dict(m) for m in messages], system=data.get("system", ""),
                         model=data.get("model", ""), id=conversation_id, name=data.get("name", ""),
                         created=float(data.get("created", 0.0)), updated=float(data.get("updated", 0.0)))
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an int of hundreds of digits
+        return False

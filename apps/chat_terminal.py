@@ -9,15 +9,18 @@ Ctrl-C or Ctrl-D at the prompt leaves. Commands: see HELP.
 
 from __future__ import annotations
 
-import json
+import contextlib
+import os
 import re
 import shutil
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from mirrorsd.apps.chat_session import ChatSession, engine_summary, finish_note, stats_line, with_settings
+from mirrorsd.apps.chat_session import (ChatSession, engine_summary, finish_note, model_info, stats_details,
+                                         stats_line, with_settings)
 from mirrorsd.errors import MirrorsdError
 
 COMMANDS = {
@@ -25,12 +28,14 @@ COMMANDS = {
     "/system TEXT": "set the system prompt (/system alone clears it)",
     "/temp X": "sampling temperature (0 = greedy)",
     "/max N": "most tokens per reply",
-    "/stats": "every statistic of the last reply (JSON)",
+    "/stats": "every statistic of the last reply, grouped",
+    "/show info": "the model: backend, family, size, quantization, context, drafter",
     "/help": "this text",
-    "/quit": "leave (Ctrl-D also does)",
+    "/bye": "leave (also /quit, Ctrl-D)",
 }
 HELP = "commands:\n" + "\n".join(f"  {name:<13}{what}" for name, what in COMMANDS.items()) + """
-A line ending in \\ continues on the next line; in a terminal Esc then Enter also starts a new line.
+\"\"\" starts a message of several lines, up to a line ending in \"\"\" (as in ollama); a line ending in \\ also
+continues on the next line, and in a terminal Esc then Enter starts a new line.
 Ctrl-C stops a reply mid-way; the chat goes on."""
 
 DRAFT_STYLE = "\x1b[32m"  # draft-accepted tokens: green
@@ -63,9 +68,39 @@ def line_reader(history: Path | None = None, **prompt_options) -> Callable[[str]
     return PromptSession(history=FileHistory(str(path)), key_bindings=keys, **prompt_options).prompt
 
 
+@contextlib.contextmanager
+def quiet_input(stream: TextIO | None = None):
+    """While a reply streams, the terminal does not echo what is typed (it would land inside the reply's text);
+    the keys stay in the input buffer and the next prompt reads them, as in ollama. A no-op off a terminal."""
+    stream = stream or sys.stdin
+    try:
+        import termios
+
+        fd = stream.fileno()
+        old = termios.tcgetattr(fd) if os.isatty(fd) else None
+    except (ImportError, OSError, ValueError, AttributeError):  # Windows, a pipe, a closed or replaced stdin
+        old = None
+    if old is None:
+        yield
+        return
+    quiet = list(old)
+    quiet[3] &= ~termios.ECHO  # lflag
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, old)
+
+
 def read_message(read: Callable[[str], str]) -> str:
-    """One message: a line, and the lines after it while each ends in a backslash."""
+    """One message: a line, and the lines after it while each ends in a backslash; or, as ollama reads it, a
+    block from a line starting with \"\"\" to the line that ends with \"\"\" (the quotes are not part of it)."""
     line = read("you> ")
+    if line.lstrip().startswith('"""'):
+        block = line.lstrip()[3:]
+        while not (block.rstrip().endswith('"""') and (block.strip() != "" or block.count('"""'))):
+            block += "\n" + read("...> ")
+        return block.rstrip()[:-3]
     while line.endswith("\\"):
         line = line[:-1] + "\n" + read("...> ")
     return line
@@ -95,8 +130,10 @@ def run_command(session: ChatSession, text: str, last_stats: dict) -> str | None
     """Carry out a /command and say what happened; None for /quit."""
     command, _, arg = text.partition(" ")
     arg = arg.strip()
-    if command in ("/quit", "/exit"):
+    if command in ("/quit", "/exit", "/bye"):
         return None
+    if command == "/show":
+        return model_info(session.engine) if arg == "info" else "usage: /show info"
     if command == "/new":
         session.new_chat()
         return "(new chat)"
@@ -106,7 +143,7 @@ def run_command(session: ChatSession, text: str, last_stats: dict) -> str | None
     if command in SETTINGS:
         return change_setting(session, command, arg)
     if command == "/stats":
-        return json.dumps(last_stats) if last_stats else "(no reply yet)"
+        return stats_details(last_stats) if last_stats else "(no reply yet)"
     if command == "/help":
         return HELP
     return f"unknown command {command}\n{HELP}"
@@ -203,7 +240,8 @@ def run_terminal_chat(session: ChatSession, read: Callable[[str], str] | None = 
             out.write(style(event.text, event.from_draft) if event.text else event.text)
             out.flush()
 
-        turn = session.reply(text, on_token=show)
+        with quiet_input():  # keys typed meanwhile wait for the next prompt instead of landing in the reply
+            turn = session.reply(text, on_token=show)
         if wrap is not None:
             wrap.write(turn.tail)
             wrap.flush()
@@ -215,7 +253,8 @@ def run_terminal_chat(session: ChatSession, read: Callable[[str], str] | None = 
             continue
         last_stats = turn.stats
         note = " · stopped" if turn.finish_reason == "cancelled" else ""
-        out.write(turn_tail + "\n" + dim(f"[{stats_line(turn.stats)}{note}]") + "\n")
+        line = f"[{stats_line(turn.stats)}{note}]"
+        out.write(turn_tail + "\n" + dim(textwrap.fill(line, width, break_on_hyphens=False) if width else line) + "\n")
         if turn.finish_reason == "length":
             out.write(dim(f"[{finish_note(turn, session.settings.max_new_tokens)}]") + "\n")
         for reason in turn.stats.get("fallbacks", ()):

@@ -194,6 +194,7 @@ class ChatWindow(QMainWindow):
         for key in stats_fields({}):
             label = QLabel(f"{key}: –", objectName=f"stat:{key}")
             label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # longer figures never widen the window
+            label.setWordWrap(True)  # ... and wrap within the label's share of the row instead of being cut off
             self.stat_labels[key] = label
             stats.addWidget(label, 1)  # equal shares of the row, whatever the figures' lengths
         self.served_by = QLabel("", objectName="served_by")

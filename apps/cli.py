@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+import time
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -40,8 +43,6 @@ DraftBackend = Annotated[Optional[str], typer.Option(help="Backend of a draft mo
 
 
 def _read_file(path: str, what: str) -> str:
-    from pathlib import Path
-
     from mirrorsd.errors import ConfigError
 
     try:
@@ -51,7 +52,17 @@ def _read_file(path: str, what: str) -> str:
 
 
 def _read_prompt(prompt: str | None, file: str | None) -> str:
-    """The prompt from the argument, stdin ('-') or --file (exactly one of them)."""
+    """The prompt from the argument, stdin ('-') or --file (exactly one of them); never empty."""
+    from mirrorsd.errors import ConfigError
+
+    text = _prompt_text(prompt, file)
+    if not text.strip():
+        where = f"--file {file}" if file is not None else "standard input" if prompt == "-" else "the argument"
+        raise ConfigError(f"the prompt from {where} is empty", "give some text for the model to answer")
+    return text
+
+
+def _prompt_text(prompt: str | None, file: str | None) -> str:
     from mirrorsd.errors import ConfigError
 
     if (prompt is None) == (file is None):
@@ -123,7 +134,7 @@ def generate(
 ) -> None:
     """Generate text. Output is exactly what the target alone would produce (under --json-schema / --regex /
     --grammar: exactly what the target alone produces under that constraint)."""
-    _check_lengths(num_draft_tokens, max_new_tokens)  # before the heavy imports: a typo costs no model load
+    _check_flags(num_draft_tokens, max_new_tokens, device, dtype)  # before the heavy imports: a typo costs no load
     from mirrorsd import Engine, GenerationConfig
     from mirrorsd.results import FinishEvent
 
@@ -140,8 +151,10 @@ def generate(
         check_writable(trace)  # before loading: a bad path should not cost a model load
     prompt = _read_prompt(prompt, file)
     print(f"mirrorsd: loading {target} ...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
     engine = Engine.load(target=target, draft=draft, device=device, dtype=dtype, draft_device=draft_device,
                          progress=True, backend=backend, draft_backend=draft_backend, allow_inexact=allow_inexact)
+    load_s = time.perf_counter() - started
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     request = prompt if raw else messages
     if not raw and getattr(engine.tokenizer, "chat_template", None) is None:
@@ -157,16 +170,10 @@ def generate(
     if as_json:
         print(json.dumps({"model": target, **result.to_dict()}))
     else:
-        alpha = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.0%}"
-        if len(s.acceptance_by_drafter) > 1:
-            alpha += " (" + ", ".join(f"{k} {v:.0%}" for k, v in s.acceptance_by_drafter.items()) + ")"
-        hidden = "" if s.pipeline == "off" else f", {s.pipeline}: {s.hidden_draft_share or 0:.0%} of draft time hidden"
-        inexact = "" if s.exact else " (inexact backend: verify passes not batch-invariant)"
-        print(f"\n\n[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s on {s.backend}{inexact}, "
-              f"first token after {s.time_to_first_token_s:.2f} s (prompt {s.prompt_time_s:.2f} s), "
-              f"drafts: {s.drafted_by}, {s.drafting_share:.0%} of steps, "
-              f"acceptance {alpha}, mean accepted length {s.mean_accepted_length:.2f}, "
-              f"{s.verify_steps} verify steps{hidden}, finish: {result.finish_reason}]", file=sys.stderr)
+        from mirrorsd.apps.chat_session import stats_line
+
+        print(f"\n\n[{target} on {s.backend} · {stats_line(s.to_dict(), load_s)} · finish: {result.finish_reason}]",
+              file=sys.stderr)
         if trace:
             print(f"[trace written to {trace}]", file=sys.stderr)
 
@@ -181,10 +188,14 @@ def models() -> None:
     from mirrorsd import catalog
 
     table = Table(title=f"catalog (cache: {catalog.cache_dir()})")
-    for col in ("name", "download", "cached", "description"):
+    for col in ("name", "download", "GGUF (llama.cpp)", "torch conversion", "description"):
         table.add_column(col)
     for entry in catalog.CATALOG.values():
-        table.add_row(entry.name, f"~{entry.approx_download_mb} MB", catalog.cached_status(entry.name),
+        state = catalog.cache_state(entry.name)
+        table.add_row(entry.name, f"~{entry.approx_download_mb} MB",
+                      f"ready, {state.gguf_bytes / 1e6:.0f} MB" if state.gguf == "ready" else state.gguf,
+                      f"ready, {state.torch_bytes / 1e6:.0f} MB" if state.torch == "ready" else
+                      "not made (--backend torch makes it)" if state.torch == "missing" else state.torch,
                       entry.description)
     Console().print(table)
     from mirrorsd.local_models import discover
@@ -200,15 +211,20 @@ def models() -> None:
 
 
 @app.command()
-def pull(name: Annotated[str, typer.Argument(help="A catalog model (see `mirrorsd models`).")]) -> None:
-    """Fetch a catalog model into the cache now (its GGUF for llama.cpp, and the folder the torch backend
-    loads), with progress; later commands then start at once."""
+def pull(name: Annotated[str, typer.Argument(help="A catalog model (see `mirrorsd models`).")],
+         torch: Annotated[bool, typer.Option("--torch", help="Also convert it for the torch backend (float "
+                                                             "safetensors: several times the GGUF's size).")] = False,
+         ) -> None:
+    """Fetch a catalog model's GGUF into the cache now (what llama.cpp, the default backend, runs), with
+    progress; later commands then start at once. --torch also makes the torch backend's conversion."""
     from mirrorsd import catalog
 
     catalog.lookup(name)  # an unknown name fails before anything is fetched
     gguf = catalog.ensure_gguf(name, progress=True)
-    folder = catalog.ensure(name, progress=True)
-    print(f"{name}: ready ({_size(catalog.entry_dir(name))}): {gguf} and {folder}")
+    print(f"{name}: GGUF ready ({gguf.stat().st_size / 1e6:.0f} MB): {gguf}")
+    if torch:
+        folder = catalog.ensure(name, progress=True)
+        print(f"{name}: torch conversion ready ({_size(folder)}): {folder}")
 
 
 @app.command()
@@ -229,8 +245,9 @@ def rm(name: Annotated[str, typer.Argument(help="A catalog model (see `mirrorsd 
 
 
 def _size(folder) -> str:
-    total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
-    return f"{total / 1e6:.0f} MB"
+    from mirrorsd.catalog import folder_bytes
+
+    return f"{folder_bytes(folder) / 1e6:.0f} MB"
 
 
 @app.command()
@@ -254,8 +271,10 @@ def bench(
                                                 "a datastore folder, or 'none' to skip them.")] = "default",
     only: Annotated[Optional[list[str]], typer.Option(help="Run only this configuration (repeatable; its "
                                                            "target-only reference row runs too).")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="A few minutes: smollm2-135m, no draft model, 1 prompt per category, "
-                                             "48 tokens, 2 repeats (explicit options still apply).")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Under five minutes: smollm2-135m on llama.cpp (the default "
+                                             "backend) with our n-gram and chain rows and llama-cpp-python's, no "
+                                             "draft model, 1 prompt per category, 48 tokens, 2 repeats (explicit "
+                                             "options still apply; without --quick: every row).")] = False,
     pin_devices: Annotated[bool, typer.Option("--pin-devices", help="Separate compute, simulated (Linux): the target on one core and "
                                                    "the draft on another, one thread each, in every mode; runs "
                                                    "target-only and each draft with the pipeline off / overlap / branches.")] = False,
@@ -268,7 +287,7 @@ def bench(
     out: Annotated[str, typer.Option(help="Folder for report.json, report.md and the PNG plots.")] = "bench-out",
 ) -> None:
     """Every drafter, our runtime and transformers side by side on a prompt suite; report + plots."""
-    from mirrorsd.apps.bench import QUICK, BenchOptions, command_line, run_bench
+    from mirrorsd.apps.bench import QUICK, QUICK_ONLY, BenchOptions, command_line, run_bench
 
     given = {name for name in ("target", "draft_model", "per_category", "max_new_tokens", "repeats")
              if ctx.get_parameter_source(name).name == "COMMANDLINE"}
@@ -276,6 +295,7 @@ def bench(
                   max_new_tokens=max_new_tokens, repeats=repeats)
     if quick:
         values.update({key: val for key, val in QUICK.items() if key not in given})
+        only = only or list(QUICK_ONLY)
     run_bench(BenchOptions(prompts_file=prompts, k=k, dtype=dtype, only=tuple(only or ()), out=out, pin_devices=pin_devices,
                            peers=tuple(peers or ()),
                            draft_export=draft_export, target_export=target_export, **values),
@@ -348,9 +368,13 @@ def devices(
     if llamacpp_installed():
         import llama_cpp
 
-        gpu = "with GPU offload" if llama_cpp.llama_supports_gpu_offload() else "CPU build"
+        offload = llama_cpp.llama_supports_gpu_offload()
         print(f"backend     auto -> llamacpp for GGUF models (every catalog model, .gguf files): llama-cpp-python "
-              f"is installed ({gpu}); torch (float32) for Hugging Face folders")
+              f"is installed ({'with GPU offload' if offload else 'CPU build'}); torch (float32) for Hugging Face "
+              "folders")
+        if device not in (None, "auto", "cpu") and not offload:
+            print(f"backend     --device {device}: this llama.cpp build runs on the CPU only, so GGUF models go to "
+                  "torch there (auto backend); --backend llamacpp with it is refused")
     else:
         print("backend     auto -> torch (float32): llama-cpp-python is not installed "
               "(pip install 'mirrorsd[llamacpp]' runs GGUF models on llama.cpp's quantized kernels)")
@@ -368,8 +392,13 @@ def devices(
         _check_invariance(check, backend)
 
 
-def _check_lengths(k: int, max_new_tokens: int) -> None:
-    """--k and --max-new-tokens, checked and named as flags (GenerationConfig names its fields)."""
+DEVICE_FLAG = re.compile(r"auto|cpu|(cuda|xpu)(:\d+)?|mps")
+DTYPE_FLAGS = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+
+
+def _check_flags(k: int = 1, max_new_tokens: int = 1, device: str = "auto", dtype: str = "auto") -> None:
+    """--k, --max-new-tokens, --device and --dtype, checked and named as flags (GenerationConfig names its
+    fields; a bad device or dtype would otherwise surface after a model load, or never on llama.cpp)."""
     from mirrorsd.config import MAX_DRAFT_TOKENS
     from mirrorsd.errors import ConfigError
 
@@ -378,6 +407,10 @@ def _check_lengths(k: int, max_new_tokens: int) -> None:
     if not 1 <= k <= MAX_DRAFT_TOKENS:
         raise ConfigError(f"--k must be from 1 to {MAX_DRAFT_TOKENS}, got {k}",
                           "--k is the draft length K (typically 4-16); --draft none decodes without drafting")
+    if not DEVICE_FLAG.fullmatch(device):
+        raise ConfigError(f"--device {device!r} is not a device", "use auto, cpu, cuda, cuda:N, mps or xpu")
+    if dtype not in DTYPE_FLAGS:
+        raise ConfigError(f"--dtype {dtype!r} is not a dtype", f"use one of {', '.join(DTYPE_FLAGS)}")
 
 
 def _check_invariance(target: str, backend: str) -> None:
@@ -539,6 +572,7 @@ def chat(
                                                           "(default: when output is a terminal).")] = None,
 ) -> None:
     """Chat: a desktop window (Qt), or a terminal chat where there is no display or the window cannot start."""
+    _check_flags(max_new_tokens=max_new_tokens, device=device, dtype=dtype)
     from mirrorsd.apps.chat import run_chat
     from mirrorsd.apps.chat_session import ChatSettings
 
@@ -574,6 +608,10 @@ def serve(
     draft_backend: DraftBackend = None,
     allowed_hosts: Annotated[Optional[list[str]], typer.Option(help="A Host name to answer besides the loopback "
                                                                "ones (repeatable); others get 403.")] = None,
+    allowed_origins: Annotated[Optional[list[str]], typer.Option(help="A web page origin (e.g. "
+                                                                 "https://chat.example, or '*') that may call the "
+                                                                 "server from a browser besides its own and "
+                                                                 "loopback ones (repeatable); others get 403.")] = None,
 ) -> None:
     """OpenAI- and ollama-compatible server: /v1/chat/completions, /v1/completions (SSE streaming), /v1/models,
     /health; ollama's /api/chat, /api/generate (NDJSON streaming), /api/tags, /api/show, /api/ps."""
@@ -590,6 +628,7 @@ def serve(
     if api_key is not None and api_key != api_key.strip():
         raise ConfigError("--api-key starts or ends with whitespace, which no client header would carry",
                           "pass the key without surrounding spaces")
+    _check_flags(device=device, dtype=dtype)
     if min(max_tokens_limit, max_body_bytes, max_queue + 1) < 1 or not shutdown_grace >= 0:
         raise ConfigError("--max-tokens-limit and --max-body-bytes must be >= 1, --max-queue and "
                           "--shutdown-grace >= 0", "e.g. --max-tokens-limit 4096 --max-queue 8")
@@ -599,11 +638,12 @@ def serve(
                          progress=True, backend=backend, draft_backend=draft_backend)
     engine.allow_control_tokens = allow_control_tokens
     with engine:
+        engine.prepare()  # measured before "serving" (once per machine, then kept), not in the first request
         print(f"mirrorsd: serving {model_name or target} at http://{host}:{sock.getsockname()[1]}/v1",
               file=sys.stderr)
         run_server(engine, host=host, port=port, api_key=api_key, model_name=model_name or target,
                    limits=limits, sock=sock, shutdown_grace_s=shutdown_grace,
-                   allowed_hosts=tuple(allowed_hosts or ()))
+                   allowed_hosts=tuple(allowed_hosts or ()), allowed_origins=tuple(allowed_origins or ()))
 
 
 @app.command()
@@ -619,7 +659,10 @@ def handoff(
                                                          "best K for the drafter).")] = None,
     eval_report: Annotated[Optional[str], typer.Option(help="An eval-drafts.json (mirrorsd eval-drafts) to take "
                                                             "the drafter, K and its measured figures from.")] = None,
-    copy: Annotated[bool, typer.Option("--copy", help="Copy the model folders instead of linking them.")] = False,
+    dtype: Annotated[str, typer.Option(help="The models' weights in OUT: bfloat16 (half the size; what vLLM serves "
+                                              "on GPUs) or float32 (mirrorsd's own weights, bit for bit).")] = "bfloat16",
+    link: Annotated[bool, typer.Option("--link", help="With --dtype float32: link the model folders and the "
+                                                       "datastore instead of copying them (vLLM on this host only).")] = False,
 ) -> None:
     """Take a drafter measured here to vLLM: OUT/serve.sh serves the target with it on vLLM (tensor and pipeline
     parallel across GPUs and nodes)."""
@@ -629,7 +672,7 @@ def handoff(
     if to != "vllm":
         raise ConfigError(f"cannot hand off to {to!r}", "--to vllm")
     plan = plan_handoff(target, draft, k, eval_report)
-    folder = write_handoff(plan, out, copy=copy, progress=True)
+    folder = write_handoff(plan, out, dtype=dtype, link=link, progress=True)
     print(f"{folder}: {plan.target} with {plan.draft}, K={plan.k} ({plan.k_from}); run {folder / 'serve.sh'} where "
           "vLLM is installed (see its README.md)")
 
@@ -653,15 +696,18 @@ def datastore_build(
     out: Annotated[str, typer.Option(help="Folder to write the datastore to.")],
     tokenizer: Annotated[str, typer.Option(help="The target model whose tokenizer to use.")] = "smollm2-135m",
     segment_tokens: Annotated[int, typer.Option(help="Tokens per index segment (bounds build memory, ~60 B/token).")] = 8_000_000,
+    force: Annotated[bool, typer.Option("--force", help="Replace a datastore already at --out (what it learned "
+                                                        "from replies is lost).")] = False,
 ) -> None:
     """Build a datastore; use it with `mirrorsd generate --draft chain:DIR` (or retrieval:DIR)."""
-    import time
-
     from mirrorsd.errors import ConfigError
     from mirrorsd.drafters import build_datastore
 
     if segment_tokens < 1:
         raise ConfigError(f"--segment-tokens must be >= 1, got {segment_tokens}", "the default is 8000000")
+    if (Path(out) / "datastore.json").exists() and not force:  # it may hold replies learned with chain:DIR
+        raise ConfigError(f"{out} already holds a datastore (with any replies it learned)",
+                          "pick another --out, or pass --force to replace it")
     t0 = time.perf_counter()
     store = build_datastore(paths, _load_tokenizer(tokenizer), out, segment_tokens=segment_tokens, progress=True,
                             tokenizer_name=tokenizer)

@@ -24,7 +24,7 @@ import json
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mirrorsd import Engine, GenerationConfig
@@ -55,7 +55,6 @@ def run_eval_drafts(opts: EvalOptions, engine: Engine | None = None, candidates:
     """Run the evaluation and write eval-drafts.json / eval-drafts.md. `engine` and `candidates`
     ({name: Drafter}) let a caller bring objects it already holds (the tests do)."""
     from rich.console import Console
-    from rich.progress import Progress
 
     console = Console(stderr=True)
     if opts.samples < 1 or opts.k_max < 1 or opts.max_new_tokens < 2:
@@ -79,81 +78,135 @@ def run_eval_drafts(opts: EvalOptions, engine: Engine | None = None, candidates:
     target_only = ours(ctx, None)
     target_only(ids[0][:16], GenerationConfig(max_new_tokens=2))  # warm-up
 
+    state = _Progress(len(ids))
+    try:
+        _measure(opts, ids, candidates, target_only, {name: ours(ctx, d) for name, d in candidates.items()},
+                 greedy, state, console)
+    except KeyboardInterrupt:  # Ctrl-C: write what was measured so far, then stop as Ctrl-C does (exit 130)
+        if not state.rows:
+            console.print("interrupted before any candidate was measured: no report written")
+            raise
+        report = _report(opts, engine, workload, state, command,
+                         interrupted=f"interrupted (Ctrl-C): {state.measured} of {len(ids)} prompts measured end to "
+                                     f"end, {len(state.rows)} of {len(candidates)} candidates replayed offline")
+        _write(opts, report, console)
+        console.print(f"interrupted: partial report written to {Path(opts.out) / 'eval-drafts.json'} and "
+                      f"{Path(opts.out) / 'eval-drafts.md'}")
+        raise
+    report = _report(opts, engine, workload, state, command)
+    _write(opts, report, console)
+    return report
+
+
+@dataclass
+class _Progress:
+    """What the measurement has reached: the target's reference outputs, each candidate's offline counts and
+    predictions (rows), and the prompts measured end to end by every runner (their sums)."""
+
+    prompts: int
+    reference: list = field(default_factory=list)
+    step_s: float = 0.0
+    rows: dict = field(default_factory=dict)
+    measured: int = 0
+    base_s: float = 0.0
+    base_tokens: int = 0
+
+
+def _measure(opts: EvalOptions, ids: list, candidates: dict, target_only, runners: dict, greedy: GenerationConfig,
+             state: _Progress, console) -> None:
+    from rich.progress import Progress
+
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("target's own outputs", total=len(ids))
-        reference = []
         for x in ids:
-            reference.append(target_only(x, greedy))
+            state.reference.append(target_only(x, greedy))
             bar.advance(task)
         # One decode step of the target: verify time of every step after the first (the prefill).
-        step_s = statistics.median(s.seconds for out in reference for s in out.verify_spans[1:]) \
-            if any(len(out.verify_spans) > 1 for out in reference) else reference[0].verify_spans[0].seconds
-        offline: dict[str, AcceptanceCounts] = {}
+        state.step_s = statistics.median(s.seconds for out in state.reference for s in out.verify_spans[1:]) \
+            if any(len(out.verify_spans) > 1 for out in state.reference) else state.reference[0].verify_spans[0].seconds
         task = bar.add_task("offline acceptance", total=len(ids) * len(candidates))
         for name, drafter in candidates.items():
             counts = AcceptanceCounts()
-            for x, out in zip(ids, reference):
+            for x, out in zip(ids, state.reference):
                 replay_acceptance(drafter, x, out.tokens, opts.k_max, counts)
                 bar.advance(task)
-            offline[name] = counts
-
-        rows = {name: _predict(counts, step_s, opts.k_max) for name, counts in offline.items()}
+            state.rows[name] = {**_predict(counts, state.step_s, opts.k_max), "measured_seconds": 0.0,
+                                "measured_tokens": 0, "greedy_equal": True}
         task = bar.add_task("end to end", total=len(ids) * (len(candidates) + 1))
-        base_s, base_tokens = 0.0, 0
-        runners = {name: ours(ctx, d) for name, d in candidates.items()}
-        for name in rows:
-            rows[name].update(measured_seconds=0.0, measured_tokens=0, greedy_equal=True)
-        for x, ref in zip(ids, reference):  # interleaved per prompt: target-only, then every candidate
+        for x, ref in zip(ids, state.reference):  # interleaved per prompt: target-only, then every candidate
             t0 = time.perf_counter()
-            base_tokens += len(target_only(x, greedy).tokens)
-            base_s += time.perf_counter() - t0
+            base_tokens = len(target_only(x, greedy).tokens)
+            base_s = time.perf_counter() - t0
             bar.advance(task)
+            this = {}
             for name, run in runners.items():
-                k = max(1, rows[name]["best_k"])
+                k = max(1, state.rows[name]["best_k"])
                 t0 = time.perf_counter()
                 out = run(x, GenerationConfig(max_new_tokens=opts.max_new_tokens, num_draft_tokens=k,
                                               max_draft_tokens=max(k, 16), adaptive_k=False))  # K fixed: the one tested
-                rows[name]["measured_seconds"] += time.perf_counter() - t0
-                rows[name]["measured_tokens"] += len(out.tokens)
-                rows[name]["greedy_equal"] &= out.tokens == ref.tokens
+                this[name] = (time.perf_counter() - t0, len(out.tokens), out.tokens == ref.tokens)
                 bar.advance(task)
+            for name, (seconds, tokens, equal) in this.items():  # a prompt counts once every runner has run it
+                row = state.rows[name]
+                row["measured_seconds"] += seconds
+                row["measured_tokens"] += tokens
+                row["greedy_equal"] &= equal
+            state.base_s += base_s
+            state.base_tokens += base_tokens
+            state.measured += 1
 
-    base_tps = base_tokens / base_s
-    for row in rows.values():
-        tps = row.pop("measured_tokens") / row.pop("measured_seconds")
-        row["measured_tokens_per_second"] = round(tps, 3)
-        row["measured_speedup"] = round(tps / base_tps, 3)
-    winners = [(name, r) for name, r in rows.items() if r["greedy_equal"] and r["measured_speedup"] > 1.0]
+
+def _report(opts: EvalOptions, engine: Engine, workload: list, state: _Progress, command: str | None,
+            interrupted: str | None = None) -> dict:
+    measured = state.measured > 0
+    base_tps = state.base_tokens / state.base_s if measured else None
+    rows = {}
+    for name, row in state.rows.items():
+        row = dict(row)
+        seconds, tokens = row.pop("measured_seconds"), row.pop("measured_tokens")
+        row["measured_tokens_per_second"] = round(tokens / seconds, 3) if measured else None
+        row["measured_speedup"] = round(tokens / seconds / base_tps, 3) if measured else None
+        if not measured:
+            row["greedy_equal"] = None
+        rows[name] = row
+    winners = [(name, r) for name, r in rows.items() if r["greedy_equal"] and (r["measured_speedup"] or 0) > 1.0]
     best = max(winners, key=lambda nr: nr[1]["measured_speedup"], default=None)
     rec_tps = best[1]["measured_tokens_per_second"] if best else base_tps
     recommendation = {
         "drafter": best[0] if best else None, "k": max(1, best[1]["best_k"]) if best else 0,
         "measured_speedup": best[1]["measured_speedup"] if best else 1.0,
-        "why": (f"highest measured end-to-end speedup on {len(ids)} sampled prompts" if best else
-                "no candidate beat target-only decoding end to end on this workload and device"),
+        "why": (f"highest measured end-to-end speedup on {state.measured} sampled prompts" if best else
+                "no candidate beat target-only decoding end to end on this workload and device" if measured else
+                "interrupted before any prompt was measured end to end"),
     }
     costs = None
-    if opts.price_per_hour is not None:
+    if opts.price_per_hour is not None and measured:
         per_million = lambda tps: round(opts.price_per_hour / (tps * 3600) * 1e6, 4)  # noqa: E731
         costs = {"price_per_hour": opts.price_per_hour, "target_only_per_million_tokens": per_million(base_tps),
                  "recommended_per_million_tokens": per_million(rec_tps)}
-    report = {
+    return {
         "command": command, "date_utc": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
-        "workload": str(opts.workload), "workload_size": len(workload), "samples": len(ids), "seed": opts.seed,
+        "workload": str(opts.workload), "workload_size": len(workload), "samples": state.prompts,
+        "measured_samples": state.measured, "seed": opts.seed,
         "target": opts.target, "dtype": opts.dtype, "backend": engine.target.backend,
         "max_new_tokens": opts.max_new_tokens, "k_max": opts.k_max,
-        "target_step_seconds": round(step_s, 5), "target_only_tokens_per_second": round(base_tps, 3),
+        "target_step_seconds": round(state.step_s, 5),
+        "target_only_tokens_per_second": round(base_tps, 3) if measured else None,
         "machine": machine_info(), "versions": versions(),
         "candidates": rows, "recommendation": recommendation, "cost": costs,
+        "partial": interrupted is not None, "interrupted": interrupted,
     }
+
+
+def _write(opts: EvalOptions, report: dict, console) -> None:
+    from rich.console import Console
+    from rich.markdown import Markdown
+
     outdir = Path(opts.out)
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "eval-drafts.json").write_text(json.dumps(report, indent=1))
     (outdir / "eval-drafts.md").write_text(markdown(report))
-    from rich.markdown import Markdown
-
     Console().print(Markdown(markdown(report)))
-    return report
 
 
 def _predict(c: AcceptanceCounts, step_s: float, k_max: int) -> dict:
@@ -180,18 +233,21 @@ def _predict(c: AcceptanceCounts, step_s: float, k_max: int) -> dict:
 
 def markdown(report: dict) -> str:
     lines = []
+    if report.get("partial"):
+        lines += [f"**Partial report: {report['interrupted']}; the numbers cover those only.**", ""]
     if report.get("command"):
         lines += [f"`{report['command']}`", ""]  # the date stays in the JSON: the page is the current state
     lines += [f"Target {report['target']} ({report['dtype'].replace('torch.', '')}), {report['samples']} prompts "
               f"sampled from {report['workload']} ({report['workload_size']}), greedy, {report['max_new_tokens']} "
-              f"new tokens; target-only {report['target_only_tokens_per_second']:.2f} tok/s, one decode step "
+              f"new tokens; target-only {_num(report['target_only_tokens_per_second'], '.2f')} tok/s, one decode step "
               f"{report['target_step_seconds'] * 1000:.1f} ms; {report['machine']['cpu']}.", "",
               "| drafter | alpha | steps with a draft | c | best K | predicted | predicted, overlapped | "
               "measured (at best K) | greedy equal |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r in report["candidates"].items():
         lines.append(f"| {name} | {r['alpha']:.3f} | {r['steps_with_a_draft']:.0%} | {r['cost_ratio_c']:.4f} | "
                      f"{r['best_k']} | {r['predicted_speedup']:.2f}x | {r['predicted_overlapped_speedup']:.2f}x | "
-                     f"{r['measured_speedup']:.2f}x | {'yes' if r['greedy_equal'] else 'FAILED'} |")
+                     f"{_num(r['measured_speedup'], '.2f', 'x')} | "
+                     f"{'-' if r['greedy_equal'] is None else 'yes' if r['greedy_equal'] else 'FAILED'} |")
     lines += ["", "alpha: accepted / draft positions reached, offline against the target's own outputs; c: propose "
                   "seconds per drafted token / one target decode step; predicted: Leviathan's "
                   "(1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)), weighted by the share of steps with a draft; "
@@ -208,3 +264,7 @@ def markdown(report: dict) -> str:
         lines += ["", f"At {c['price_per_hour']} per device-hour: {c['target_only_per_million_tokens']} per million "
                       f"tokens target-only, {c['recommended_per_million_tokens']} with the recommendation."]
     return "\n".join(lines) + "\n"
+
+
+def _num(value, spec: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"

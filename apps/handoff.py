@@ -1,9 +1,11 @@
 """`mirrorsd handoff OUT`: take what was measured on one machine to vLLM, the engine for many users, GPUs and nodes.
 
-OUT holds the target as a Hugging Face folder (`target/`), the draft model's (`draft/`) when the drafter is one,
-your datastore (`datastore/`) for retrieval or the chain (run inside vLLM by mirrorsd/vllm_proposer.py),
-vLLM's `speculative_config.json`, `serve.sh` with the serving command, `handoff.json` (where every value came
-from) and a README saying what carries over. Folders are linked, not copied, unless asked.
+OUT holds the target as a Hugging Face folder of safetensors (`target/`; bfloat16 by default, the form vLLM serves
+on GPUs, or float32 on request), the draft model's (`draft/`) when the drafter is one, your datastore
+(`datastore/`) for retrieval or the chain (run inside vLLM by mirrorsd/vllm_proposer.py), vLLM's
+`speculative_config.json`, `serve.sh` with the serving command, `handoff.json` (where every value came from) and a
+README saying what carries over, with each folder's dtype and size. Everything is copied, so the folder moves to
+another host whole; `link` makes float32 folders links to mirrorsd's cache instead (this host only).
 """
 
 from __future__ import annotations
@@ -95,10 +97,20 @@ def _datastore_of(handoff: Handoff, target_dir: Path) -> Path | None:
     return Path(where)
 
 
-def write_handoff(handoff: Handoff, out: str, copy: bool = False, progress: bool = False) -> Path:
-    """Write OUT (see the module doc) and return it."""
+DTYPES = ("bfloat16", "float32")
+
+
+def write_handoff(handoff: Handoff, out: str, dtype: str = "bfloat16", link: bool = False,
+                  progress: bool = False) -> Path:
+    """Write OUT (see the module doc) and return it. dtype: the models' weights in OUT (bfloat16: half the
+    size, what vLLM runs on GPUs; float32: the weights mirrorsd's torch backend runs, bit for bit); link: float32
+    model folders and the datastore as links to where they are (for vLLM on this host only)."""
     from mirrorsd.models import resolve_model_path
 
+    if dtype not in DTYPES:
+        raise ConfigError(f"a handoff's dtype is bfloat16 or float32, not {dtype!r}", "--dtype bfloat16")
+    if link and dtype != "float32":
+        raise ConfigError("--link hands over mirrorsd's own float32 folders", "add --dtype float32, or drop --link")
     folder = Path(out)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise ConfigError(f"{out} exists and is not an empty folder", "pick a new folder for the handoff")
@@ -108,22 +120,25 @@ def write_handoff(handoff: Handoff, out: str, copy: bool = False, progress: bool
         draft_dir = Path(resolve_model_path(handoff.draft, progress=progress))
         _check_same_tokenizer(target_dir, draft_dir, handoff)
     folder.mkdir(parents=True, exist_ok=True)
-    _place(target_dir, folder / "target", copy)
+    _place_model(target_dir, folder / "target", dtype, link)
     if draft_dir is not None:
-        _place(draft_dir, folder / "draft", copy)
+        _place_model(draft_dir, folder / "draft", dtype, link)
     if datastore is not None:
-        _place(datastore, folder / "datastore", copy)
+        _place(datastore, folder / "datastore", link)
     config = speculative_config(handoff)
     (folder / "speculative_config.json").write_text(json.dumps(config, indent=1) + "\n")
     serve = folder / "serve.sh"
     serve.write_text(SERVE_SH.format(name=handoff.target))
     serve.chmod(0o755)
-    record = {"target": handoff.target, "target_folder": str(target_dir), "draft": handoff.draft,
+    record = {"target": handoff.target, "target_folder": str(target_dir), "dtype": dtype, "linked": link,
+              "sizes_mb": {name: _megabytes(folder / name) for name in ("target", "draft", "datastore")
+                           if (folder / name).exists()},
+              "draft": handoff.draft,
               "draft_folder": None if draft_dir is None else str(draft_dir),
               "datastore": None if datastore is None else str(datastore), "num_speculative_tokens": handoff.k,
               "k_from": handoff.k_from, "measured_here": handoff.measured, "speculative_config": config}
     (folder / "handoff.json").write_text(json.dumps(record, indent=1) + "\n")
-    (folder / "README.md").write_text(_readme(handoff, config))
+    (folder / "README.md").write_text(_readme(handoff, config, dtype, link, record["sizes_mb"]))
     return folder
 
 
@@ -136,11 +151,31 @@ def _check_same_tokenizer(target_dir: Path, draft_dir: Path, handoff: Handoff) -
                            handoff.target, handoff.draft)
 
 
-def _place(source: Path, dest: Path, copy: bool) -> None:
-    if copy:
-        shutil.copytree(source, dest)
-    else:
+def _place(source: Path, dest: Path, link: bool) -> None:
+    if link:
         os.symlink(source.resolve(), dest, target_is_directory=True)
+    else:
+        shutil.copytree(source, dest, symlinks=False)
+
+
+def _place_model(source: Path, dest: Path, dtype: str, link: bool) -> None:
+    """A model folder in `dtype`: mirrorsd's float32 folder as it is (copied or linked), or its weights cast
+    and written as safetensors beside its tokenizer."""
+    if dtype == "float32":
+        _place(source, dest, link)
+        return
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=getattr(torch, dtype))
+    model.save_pretrained(dest, safe_serialization=True)
+    AutoTokenizer.from_pretrained(source).save_pretrained(dest)
+
+
+def _megabytes(folder: Path) -> float:
+    from mirrorsd.catalog import folder_bytes
+
+    return round(folder_bytes(folder.resolve()) / 1e6, 1)
 
 
 SERVE_SH = """#!/usr/bin/env bash
@@ -162,7 +197,7 @@ exec "${{PYTHON:-python3}}" -m vllm.entrypoints.openai.api_server --model ./targ
 """
 
 
-def _readme(handoff: Handoff, config: dict) -> str:
+def _readme(handoff: Handoff, config: dict, dtype: str, link: bool, sizes: dict) -> str:
     measured = handoff.measured
     figures = ("" if measured is None else
                f"\nMeasured here by `mirrorsd eval-drafts`: acceptance {measured.get('acceptance_rate')}, per-token "
@@ -175,14 +210,21 @@ def _readme(handoff: Handoff, config: dict) -> str:
 ./serve.sh                                   # one GPU; --tensor-parallel-size / --pipeline-parallel-size for more
 ```
 
-- `target/`: {handoff.target} as a Hugging Face folder; `speculative_config.json`: `{json.dumps(config)}`.
+- `target/`: {handoff.target} as a Hugging Face folder, {dtype} safetensors ({_sizes(sizes)}){
+    "; the folders are links to this host's mirrorsd cache: copy OUT with `cp -rL` to move it" if link else
+    "; everything is copied: the folder moves to another host as it is"}. `speculative_config.json`:
+  `{json.dumps(config)}`.
 - {what}
 - K = {handoff.k} ({handoff.k_from}). mirrorsd chooses K per step from measured costs; vLLM speculates a fixed
   number of tokens per step, so the adaptive K becomes this one number.
 - Lossless in both: vLLM's rejection sampler keeps the target's distribution, and under greedy decoding its
   output is the target's own on vLLM's kernels (which are not mirrorsd's: token-for-token equality with
-  mirrorsd's output holds in float32, not in bfloat16).
+  mirrorsd's output holds for a float32 handoff served with `--dtype float32`, not in bfloat16).
 {figures}"""
+
+
+def _sizes(sizes: dict) -> str:
+    return ", ".join(f"{name}/ {mb:.0f} MB" for name, mb in sizes.items())
 
 
 def _what_carries_over(handoff: Handoff) -> str:

@@ -21,34 +21,39 @@ from datetime import datetime, timedelta, timezone
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from mirrorsd.backends import ModelFacts, model_facts
 from mirrorsd.config import GenerationConfig
 from mirrorsd.errors import MirrorsdError
 from mirrorsd.results import FinishEvent, GenerationResult, TokenEvent
-from mirrorsd.tools import check_tools, parse_calls, tool_grammar
+from mirrorsd.tools import check_tools, parse_calls, template_takes_tools, tool_grammar
 
 API_VERSION = "0.6.3"  # the ollama API release whose shapes these endpoints follow
 DEFAULT_TEMPERATURE = 0.8  # ollama's default where a request sets none
 OPTIONS = {  # ollama option -> GenerationConfig field
-    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
     "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty", "num_predict": "max_new_tokens", "stop": "stop",
+    "draft_num_predict": "num_draft_tokens",  # ollama's draft-length knob: K, the draft tokens per step
 }
 IGNORED_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "use_mmap", "use_mlock",
                    "numa", "low_vram", "vocab_only", "f16_kv", "logits_all")
 UNSUPPORTED_FIELDS = ("images", "context", "template", "suffix", "logprobs", "top_logprobs")
+MAX_DEPTH = 64  # ollama's requests nest about 5 deep, tools' JSON schemas more
 
 
 class OllamaError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.headers = status, message, headers
 
     def response(self) -> JSONResponse:
-        return JSONResponse(status_code=self.status, content={"error": self.message})
+        return JSONResponse(status_code=self.status, content={"error": self.message}, headers=self.headers)
 
 
 def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
-    from mirrorsd.apps.server import OpenAIError, _collect
+    from mirrorsd.apps.server import OpenAIError, _collect, first_non_text, json_depth
+
+    facts = model_facts(engine.target)  # read once: a loaded model's facts do not change
 
     def check_model(name) -> None:
         if name not in (model_id, f"{model_id}:latest"):
@@ -57,17 +62,24 @@ def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
     async def body_of(request: Request) -> dict:
         try:
             body = await request.json()
+        except RecursionError:
+            raise OllamaError(400, f"the JSON body nests deeper than {MAX_DEPTH} levels") from None
         except ValueError as exc:
             raise OllamaError(400, f"invalid JSON body: {exc}") from None
         if not isinstance(body, dict):
             raise OllamaError(400, "the body must be a JSON object")
+        if json_depth(body) > MAX_DEPTH:  # every field's checks stay shallow, and no reply echoes a deep value
+            raise OllamaError(400, f"the JSON body nests deeper than {MAX_DEPTH} levels")
+        bad = first_non_text(body)
+        if bad is not None:
+            raise OllamaError(400, f"{bad or 'a string'} holds a lone surrogate (not valid Unicode text)")
         return body
 
     async def run(request: Request, body: dict, ids: list[int], config: GenerationConfig, chat: bool):
         try:
             job = runner.submit(ids, config)
         except OpenAIError as exc:  # the queue is full, or the server is stopping
-            raise OllamaError(exc.status, exc.message) from None
+            raise OllamaError(exc.status, exc.message, exc.headers) from None  # a 429 keeps its Retry-After
         reply = Reply(model_id, chat, ids, tools_active=config.grammar is not None)
         if body.get("stream", True):
             return StreamingResponse(_lines(job, reply), media_type="application/x-ndjson")
@@ -84,6 +96,9 @@ def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise OllamaError(400, "messages must be a list of {role, content} objects")
+        if any(m.get("images") for m in messages):  # would be dropped: the reply would not be about them
+            raise OllamaError(400, "images are not supported by this server (a message carries some; it would "
+                                   "be answered without them)")
         prompt = [{k: m[k] for k in ("role", "content", "tool_calls", "tool_name") if k in m} for m in messages]
         ids, config = await asyncio.to_thread(prepare, engine, body, prompt, limits)  # tokenising: off the loop
         return await run(request, body, ids, config, chat=True)
@@ -105,24 +120,30 @@ def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
 
     @app.get("/api/tags")
     async def tags() -> dict:
-        return {"models": [card(engine, model_id)]}
+        return {"models": [card(model_id, facts)]}
 
     @app.post("/api/show")
     async def show(request: Request) -> dict:
         body = await body_of(request)
         check_model(body.get("model") or body.get("name"))
         template = getattr(engine.tokenizer, "chat_template", None) or ""
-        info = card(engine, model_id)
+        info = card(model_id, facts)
+        family = info["details"]["family"]
         return {"modelfile": f"FROM {model_id}\n", "parameters": f"temperature {DEFAULT_TEMPERATURE}",
-                "template": template, "details": info["details"], "capabilities": ["completion"],
-                "model_info": {"mirrorsd.backend": engine.target.backend,
+                "template": template, "details": info["details"], "capabilities": capabilities(engine),
+                "model_info": {"general.architecture": family, "general.parameter_count": facts.parameters,
+                               f"{family or 'model'}.context_length": engine.target.max_context,
+                               "mirrorsd.backend": engine.target.backend,
                                "mirrorsd.drafter": engine.drafter.name if engine.drafter is not None else "none"},
                 "modified_at": info["modified_at"]}
 
     @app.get("/api/ps")
     async def ps() -> dict:
-        loaded = card(engine, model_id)
-        loaded.update(expires_at=(datetime.now(timezone.utc) + timedelta(days=365)).isoformat(), size_vram=0)
+        loaded = card(model_id, facts)
+        # loaded until the server stops (ollama's keep_alive -1); on the GPU the weights count as VRAM
+        on_gpu = engine.target.computes_on == "gpu"
+        loaded.update(expires_at=(datetime.now(timezone.utc) + timedelta(days=365)).isoformat(),
+                      size_vram=loaded["size"] if on_gpu else 0, context_length=engine.target.max_context)
         return {"models": [loaded]}
 
     @app.get("/api/version")
@@ -152,13 +173,17 @@ def prepare(engine, body: dict, prompt, limits) -> tuple[list[int], GenerationCo
         raise OllamaError(400, f"num_predict must be an integer, got {wanted!r}")
     if wanted is not None and wanted > limits.max_tokens:
         raise OllamaError(400, f"num_predict is {wanted}; this server allows at most {limits.max_tokens}")
-    stop = given.pop("stop", ())
+    stop = given.pop("stop", [])
+    if not isinstance(stop, (str, list)):  # a dict or a number would be coerced (a dict's keys, ...)
+        raise OllamaError(400, f"options.stop must be a string or a list of strings, got {type(stop).__name__}")
+    if "num_draft_tokens" in given:  # a limit on K, as llama.cpp's --draft-max: K adapts within it
+        given["max_draft_tokens"] = given["num_draft_tokens"]
     try:
         ids = engine.encode(prompt, tools=None if tools is None else check_tools(tools))
-        grammar = None if tools is None else tool_grammar(tools)
+        grammar = None if tools is None else tool_grammar(tools, tokenizer=engine.tokenizer)
         config = GenerationConfig(
             max_new_tokens=wanted if wanted is not None and wanted > 0 else limits.max_tokens,  # -1, -2: to the limit
-            stop=(stop,) if isinstance(stop, str) else tuple(stop), json_schema=_schema(body.get("format")),
+            stop=stop, json_schema=_schema(body.get("format")),
             grammar=grammar,
             **{"temperature": DEFAULT_TEMPERATURE, **given})
         engine.constraint(config)  # a schema that does not compile is this request's 400
@@ -177,14 +202,19 @@ def _schema(fmt) -> dict | None:
     raise OllamaError(400, f'format must be "json" or a JSON schema object, got {fmt!r}')
 
 
-def card(engine, model_id: str) -> dict:
-    """The model as /api/tags lists it (what the server knows of it: no file size for in-memory models)."""
-    backend = engine.target.backend
-    return {"name": model_id, "model": model_id, "modified_at": _now(), "size": 0,
+def card(model_id: str, facts: ModelFacts) -> dict:
+    """The model as /api/tags lists it: its size, family, parameter count and quantization, as the backend
+    reports them (runtime/backends/facts.py; empty where it cannot tell)."""
+    return {"name": model_id, "model": model_id, "modified_at": _now(), "size": facts.size_bytes,
             "digest": hashlib.sha256(model_id.encode()).hexdigest(),
-            "details": {"parent_model": "", "format": "gguf" if backend.startswith("llamacpp") else backend,
-                        "family": "", "families": None, "parameter_size": "",
-                        "quantization_level": ""}}
+            "details": {"parent_model": "", "format": facts.format, "family": facts.family,
+                        "families": [facts.family] if facts.family else None,
+                        "parameter_size": facts.parameter_size, "quantization_level": facts.quantization}}
+
+
+def capabilities(engine) -> list[str]:
+    """What ollama's /api/show says a model can do: completion, and tools where its chat template takes them."""
+    return ["completion", *(["tools"] if template_takes_tools(engine.tokenizer) else [])]
 
 
 def _now() -> str:

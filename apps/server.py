@@ -30,13 +30,14 @@ from typing import Literal
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mirrorsd.apps.chat_session import describe_error
 from mirrorsd.config import GenerationConfig, SamplingParams, is_text
-from mirrorsd.errors import ConfigError, MirrorsdError
+from mirrorsd.errors import ConfigError, MirrorsdError, RequestCancelled
 from mirrorsd.results import FinishEvent, GenerationResult, TokenEvent
 from mirrorsd.tools import check_tools, parse_calls, tool_grammar
 
@@ -54,6 +55,13 @@ class ServerLimits:
 
     max_queue: int = 8
     """Requests that may wait behind the running one (over it: 429 with Retry-After)."""
+
+    header_timeout_s: float = 20.0
+    """Time a connection gets to send a request's headers; then it is closed (a slow client holding
+    connections open, a byte at a time)."""
+
+    body_timeout_s: float = 20.0
+    """Longest wait for the next piece of a request body; then 408."""
 
 
 class OpenAIError(Exception):
@@ -88,8 +96,9 @@ SAMPLING_FIELDS = [f.name for f in fields(SamplingParams)]  # the request fields
 
 
 def _refused(extra: dict) -> list[str]:
-    """Fields set to something this server would not apply (empty values pass)."""
-    return [name for name in REFUSED_FIELDS if extra.get(name) not in (None, [], {}, False, "")]
+    """Fields set to something this server would not apply (empty values pass; best_of 1 is what runs)."""
+    refused = [name for name in REFUSED_FIELDS if extra.get(name) not in (None, [], {}, False, "")]
+    return refused + (["best_of"] if extra.get("best_of") not in (None, 1) else [])
 
 
 class JsonSchemaFormat(BaseModel):
@@ -114,18 +123,34 @@ class ResponseFormat(BaseModel):
         return {"type": "object"} if self.type == "json_object" else None
 
 def first_non_text(value, where: str = "") -> str | None:
-    """The path of the first string (or key) in parsed JSON that does not encode as UTF-8, else None."""
-    if isinstance(value, str):
-        return None if is_text(value) else where
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        name = str(key).encode("utf-8", "backslashreplace").decode()  # the path itself must be text
-        path = f"{where}.{name}" if where else name
-        found = first_non_text(key, path) if isinstance(key, str) else None
-        found = found if found is not None else first_non_text(item, path)
-        if found is not None:
-            return found
+    """The path of the first string (or key) in parsed JSON that does not encode as UTF-8, else None. Iterative:
+    nesting of any depth costs no recursion."""
+    stack = [(value, where)]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            if not is_text(value):
+                return where
+            continue
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in reversed(list(items)):  # reversed: the first in document order is found first
+            name = str(key).encode("utf-8", "backslashreplace").decode()  # the path itself must be text
+            path = f"{where}.{name}" if where else name
+            stack.append((item, path))
+            if isinstance(key, str) and not is_text(key):
+                stack.append((key, path))
     return None
+
+
+def json_depth(value) -> int:
+    """How deeply parsed JSON nests (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth + 1)
+            stack.extend((item, depth + 1) for item in (value.values() if isinstance(value, dict) else value))
+    return deepest
 
 
 class StreamOptions(BaseModel):
@@ -143,6 +168,7 @@ class _Request(BaseModel):
     temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0)
     top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(default=None, ge=0)  # llama.cpp / vLLM extension
+    min_p: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)  # llama.cpp / vLLM extension
     repetition_penalty: StrictFloat | None = Field(default=None, gt=0.0)  # llama.cpp / vLLM extension
     presence_penalty: StrictFloat | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: StrictFloat | None = Field(default=None, ge=-2.0, le=2.0)
@@ -276,7 +302,7 @@ class Runner:
         reason, stats = "cancelled", None
         stream = None
         try:
-            stream = self.engine.stream(job.ids, job.config)
+            stream = self.engine.stream(job.ids, job.config, cancel=job.cancelled)  # stops a long prompt too
             for event in stream:
                 if isinstance(event, FinishEvent):
                     reason, stats = event.result.finish_reason, event.result.stats.to_dict()
@@ -285,6 +311,8 @@ class Runner:
                 job.put(event)
                 if job.cancelled.is_set():
                     break
+        except RequestCancelled:  # its client left mid-prompt: nothing to report, the next request goes on
+            reason = "cancelled"
         except Exception as exc:  # reported to the client as an OpenAI error
             log.exception("generation failed")
             reason = "error"
@@ -336,10 +364,13 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 def create_app(engine, model_name: str | None = None, api_key: str | None = None,
-               limits: ServerLimits | None = None, allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS) -> FastAPI:
+               limits: ServerLimits | None = None, allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
+               allowed_origins: tuple[str, ...] = ()) -> FastAPI:
     """The ASGI app serving `engine` under the model id `model_name` (default: engine.name).
     allowed_hosts: the Host header names (any port) it answers; others get 403, so a web page cannot reach a
-    loopback server through a rebinding DNS name. None: any Host (a server bound to a public address)."""
+    loopback server through a rebinding DNS name. None: any Host (a server bound to a public address).
+    allowed_origins: web pages (origins, e.g. 'https://chat.example', or '*') that may call it from a browser
+    besides the server's own and loopback ones; other pages get 403 (see _BrowserCheck)."""
     limits = limits or ServerLimits()
     if api_key is not None and not api_key.strip():
         raise ConfigError("the API key is empty", "pass a non-empty --api-key (or MIRRORSD_API_KEY), or none")
@@ -357,10 +388,15 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
         runner.close()
 
     app = FastAPI(title="mirrorsd", description="OpenAI-compatible server on a mirrorsd Engine", lifespan=lifespan)
-    app.state.runner = runner
-    app.add_middleware(_BodyLimit, limit=limits.max_body_bytes)
+    app.state.runner, app.state.limits = runner, limits
+    app.add_middleware(_BodyLimit, limit=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
     if api_key is not None:  # outermost: the key is checked before any body is read or parsed
         app.add_middleware(_KeyCheck, key=api_key)
+    # a page another origin serves may call it only where allowed, and then with CORS (preflights answered
+    # before the key is asked for, as browsers send them without it)
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET", "POST", "OPTIONS"],
+                       allow_headers=["Authorization", "Content-Type"], max_age=600)
+    app.add_middleware(_BrowserCheck, allowed_origins=allowed_origins)
     if allowed_hosts is not None:  # outermost of all: a foreign Host learns nothing, not even the 401
         app.add_middleware(_HostCheck, allowed=allowed_hosts)
 
@@ -386,6 +422,8 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc: StarletteHTTPException):
+        if request.url.path.startswith("/api/"):  # ollama's routes answer in ollama's shape, unknown ones too
+            return JSONResponse(status_code=exc.status_code, content={"error": str(exc.detail)})
         return OpenAIError(exc.status_code, str(exc.detail), code=None).response()
 
     @app.exception_handler(Exception)
@@ -450,7 +488,7 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         messages = [_message(m) for m in body.messages]
-        tools, grammar = _tool_settings(body.model_extra or {}, body.response_format is not None)
+        tools, grammar = _tool_settings(body.model_extra or {}, body.response_format is not None, engine.tokenizer)
         ids, config = await asyncio.to_thread(prepare, body, messages, tools, grammar)  # tokenising: off the loop
         return await respond(request, body, ids, config, chat=True, tools_active=grammar is not None)
 
@@ -507,7 +545,7 @@ def _message(m: ChatMessage) -> dict:
     return out
 
 
-def _tool_settings(extra: dict, structured: bool) -> tuple[list[dict] | None, str | None]:
+def _tool_settings(extra: dict, structured: bool, tokenizer) -> tuple[list[dict] | None, str | None]:
     """The request's tools and the grammar its tool_choice asks for (None: tools off, or tool_choice "none")."""
     tools = extra.get("tools")
     if not tools:
@@ -526,19 +564,21 @@ def _tool_settings(extra: dict, structured: bool) -> tuple[list[dict] | None, st
     parallel = extra.get("parallel_tool_calls", True) is not False
     try:
         tools = check_tools(tools)
-        return tools, tool_grammar(tools, choice, parallel)
+        return tools, tool_grammar(tools, choice, parallel, tokenizer)
     except MirrorsdError as exc:
         raise OpenAIError(400, str(exc), param="tools", code="invalid_value") from None
 
 
 def _reply_message(text: str, finish: str, tools_active: bool) -> tuple[dict, str]:
-    """The assistant message and finish reason: the calls as OpenAI's tool_calls where the reply made any."""
+    """The assistant message and finish reason: the calls as OpenAI's tool_calls where the reply made any (a reply
+    cut by max_tokens still says "length": what followed its complete calls is left in content)."""
     content, calls = parse_calls(text) if tools_active else (text, [])
     if not calls:
         return {"role": "assistant", "content": text}, finish
     return {"role": "assistant", "content": content or None, "tool_calls": [
         {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-         "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]}, "tool_calls"
+         "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]}, \
+        "length" if finish == "length" else "tool_calls"
 
 
 def _text_of(content) -> str:
@@ -736,6 +776,68 @@ class _HostCheck:
         await err.response()(scope, receive, send)
 
 
+class _BrowserCheck:
+    """ASGI middleware against forged requests from web pages (CSRF). A page can make the browser POST to a
+    loopback server without asking first (a 'simple' request: text/plain, a form, multipart) and without the
+    user knowing; on a keyless server that would run generations and, with a learning drafter, write to the
+    user's datastore. So:
+    - a request with an Origin header (browsers send it on every cross-origin POST) is answered only where the
+      origin is the server's own (same host and port as the Host header), a loopback one, or allowed with
+      `--allowed-origins`; others get 403 on every route;
+    - a body must be JSON (application/json or */*+json, or no Content-Type); curl's default form type
+      (`curl -d`, as ollama's docs use) is taken only from a client that is not a browser (no Origin, no
+      Sec-Fetch-Site but same-origin or none); other types get 415.
+    Errors have the shape of the route's API: ollama's under /api/, OpenAI's elsewhere."""
+
+    JSON_FREE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+    def __init__(self, app, allowed_origins: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.any_origin = "*" in allowed_origins
+        self.allowed = {o.strip().rstrip("/").lower() for o in allowed_origins if o.strip() != "*"}
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        origin = headers.get(b"origin", b"").decode("latin-1").strip()
+        if origin and not self.origin_allowed(origin, headers.get(b"host", b"")):
+            await self._refuse(scope, send, 403, f"requests from the web page at {origin} are not allowed (a "
+                               "page may call this server only from its own origin or a loopback one); start "
+                               "the server with --allowed-origins ORIGIN to allow it", "origin_not_allowed")
+            return
+        if scope["method"] not in self.JSON_FREE_METHODS:
+            media = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+            fetch_site = headers.get(b"sec-fetch-site", b"none").decode("latin-1").strip().lower()
+            browser = bool(origin) or fetch_site not in ("none", "same-origin")
+            json_body = media in ("", "application/json") or media.endswith("+json")
+            if not json_body and not (media == "application/x-www-form-urlencoded" and not browser):
+                await self._refuse(scope, send, 415, f"the request body must be JSON, not {media}: send "
+                                   "'Content-Type: application/json'", "unsupported_media_type")
+                return
+        await self.app(scope, receive, send)
+
+    def origin_allowed(self, origin: str, host_header: bytes) -> bool:
+        origin = origin.rstrip("/").lower()
+        if self.any_origin or origin in self.allowed:
+            return True
+        scheme, sep, rest = origin.partition("://")
+        if not sep or scheme not in ("http", "https"):
+            return False  # 'null' (a sandboxed frame, a file), extensions' schemes: allowed only by name
+        authority = rest.split("/", 1)[0]
+        return authority == host_header.decode("latin-1").strip().lower() or host_name(authority.encode()) in (
+            "localhost", "127.0.0.1", "::1")
+
+    @staticmethod
+    async def _refuse(scope, send, status: int, message: str, code: str) -> None:
+        if scope["path"].startswith("/api/"):
+            response = JSONResponse(status_code=status, content={"error": message})
+        else:
+            response = OpenAIError(status, message, code=code).response()
+        await response(scope, None, send)
+
+
 def host_name(header: bytes) -> str:
     """The name in a Host header, without its port: 'localhost:8080' -> 'localhost', '[::1]:80' -> '::1'."""
     text = header.decode("latin-1").strip().lower()
@@ -748,8 +850,8 @@ class _BodyLimit:
     """ASGI middleware: answer 413 for a request body over `limit` bytes (by Content-Length, or as
     it arrives for a chunked body) before any endpoint parses it."""
 
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, timeout_s: float = 20.0) -> None:
+        self.app, self.limit, self.timeout_s = app, limit, timeout_s
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
@@ -762,7 +864,13 @@ class _BodyLimit:
             return
         body, more = bytearray(), True
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout_s)
+            except asyncio.TimeoutError:  # a body sent a byte at a time holds the connection: not for long
+                err = OpenAIError(408, f"the request body stopped arriving for {self.timeout_s:g} s",
+                                  code="request_timeout")
+                await err.response()({"type": "http"}, None, send)
+                return
             if message["type"] == "http.disconnect":
                 return
             body += message.get("body", b"")
@@ -808,7 +916,8 @@ class Server(uvicorn.Server):
     `data: [DONE]` for a stream. No request is cut off mid-response or ends in a traceback."""
 
     def __init__(self, app: FastAPI, grace_s: float, **config) -> None:
-        super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=grace_s + SHUTDOWN_MARGIN_S, **config))
+        super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=grace_s + SHUTDOWN_MARGIN_S,
+                                        http=_headers_within(app.state.limits.header_timeout_s), **config))
         self.runner, self.grace_s = app.state.runner, grace_s
 
     async def shutdown(self, sockets=None) -> None:
@@ -818,6 +927,48 @@ class Server(uvicorn.Server):
             await super().shutdown(sockets=sockets)
         finally:
             timer.cancel()
+
+
+def _headers_within(seconds: float) -> type:
+    """uvicorn's h11 protocol, closing a connection whose request headers have not all arrived `seconds` after
+    it opened or after its last response (uvicorn itself waits for them for ever: slowloris)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            waiting = self.cycle is None or self.cycle.response_complete
+            super().data_received(data)
+            if waiting and self.cycle is not None and not self.cycle.response_complete:  # the headers are in
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()  # the next request's headers get the same time
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(seconds, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _too_slow(self) -> None:
+            if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+                self.transport.close()
+
+    return TimedH11Protocol
 
 
 class BackgroundServer:
@@ -865,14 +1016,17 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def serve(engine, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
           model_name: str | None = None, limits: ServerLimits | None = None, sock: socket.socket | None = None,
-          shutdown_grace_s: float = 5.0, allowed_hosts: tuple[str, ...] = ()) -> None:
+          shutdown_grace_s: float = 5.0, allowed_hosts: tuple[str, ...] = (),
+          allowed_origins: tuple[str, ...] = ()) -> None:
     """Serve until Ctrl-C or SIGTERM (blocking). On either, the server stops accepting connections, lets
     refuses the queued requests (503), lets the running one finish for up to `shutdown_grace_s`, then ends it
     (503, or a stream's final chunk with finish_reason "abort") and exits (see `Server`).
     allowed_hosts: Host names answered besides the loopback ones (a loopback server answers only those; a
-    server on another address answers any Host unless names are given)."""
+    server on another address answers any Host unless names are given).
+    allowed_origins: web pages allowed to call it from a browser besides its own and loopback ones."""
     hosts = (*LOOPBACK_HOSTS, host, *allowed_hosts) if is_loopback(host) or allowed_hosts else None
-    app = create_app(engine, model_name=model_name, api_key=api_key, limits=limits, allowed_hosts=hosts)
+    app = create_app(engine, model_name=model_name, api_key=api_key, limits=limits, allowed_hosts=hosts,
+                     allowed_origins=allowed_origins)
     if not is_loopback(host) and api_key is None:
         log.warning("serving on %s without --api-key: anyone who can reach this address can use the model", host)
     sock = sock or bind_socket(host, port)

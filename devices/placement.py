@@ -89,6 +89,10 @@ def _preference(export: ExportInfo, backend: str) -> int:
 
 def _target_device(inv: Inventory, override: str | None) -> tuple[str, str]:
     if override and override != "auto":
+        kind = override.split(":")[0]
+        if kind != "cpu" and not any(b.kind == kind for b in inv.torch):
+            return override, (f"asked for (--device), but torch sees no {kind} device here: a load there fails "
+                              "with a hint, and nothing runs on it")
         return override, "asked for (--device)"
     for backend in inv.torch:
         if backend.kind in ("cuda", "mps", "xpu"):

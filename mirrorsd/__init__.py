@@ -16,7 +16,9 @@ from mirrorsd.errors import (
     EngineClosedError,
     MirrorsdError,
     ModelNotFoundError,
+    ModelOutputError,
     PromptError,
+    RequestCancelled,
     RollbackUnsupportedError,
     TokenizerMismatchError,
 )
@@ -35,5 +37,5 @@ __all__ = [
     "CausalLM", "DraftModel", "Learner", "Ranking", "SamplingParams", "SpeculativeConfig", "Step",
     "CatalogError", "ChecksumError", "ConfigError", "DatastoreError", "Draft", "EngineBusyError", "EngineClosedError", "Drafter", "Engine", "FinishEvent",
     "GenerationConfig", "GenerationResult", "GenerationStats", "MirrorsdError", "ModelNotFoundError",
-    "PromptError", "RollbackUnsupportedError", "StepStats", "TokenEvent", "TokenizerMismatchError", "verify",
+    "ModelOutputError", "PromptError", "RequestCancelled", "RollbackUnsupportedError", "StepStats", "TokenEvent", "TokenizerMismatchError", "verify",
 ]

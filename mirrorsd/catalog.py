@@ -87,10 +87,42 @@ def lookup(name: str) -> CatalogEntry:
         ) from None
 
 
+@dataclass(frozen=True)
+class CacheState:
+    """What the cache holds of a catalog model, per backend: the GGUF file (llama.cpp runs it as it is; the
+    default backend for catalog models) and the torch conversion (safetensors, made from the GGUF when the torch
+    backend first loads it, or by `pull --torch`). Each is "ready", "missing", or what is wrong with it."""
+
+    gguf: str
+    gguf_bytes: int
+    torch: str
+    torch_bytes: int
+
+    @property
+    def cached(self) -> bool:
+        """Whether loading it downloads nothing: the GGUF is there (a torch conversion is made from it)."""
+        return self.gguf == "ready" or self.torch == "ready"
+
+
+def cache_state(name: str) -> CacheState:
+    entry, root = lookup(name), entry_dir(name)
+    gguf = "ready" if _gguf_ready(entry) else ("missing" if not _gguf_path(entry).exists() else
+                                               "changed on disk (fetched again when next used)")
+    problem = _entry_problem(root)
+    torch = "ready" if problem is None else problem
+    return CacheState(gguf, _gguf_path(entry).stat().st_size if gguf == "ready" else 0,
+                      torch, folder_bytes(root / "hf") if torch == "ready" else 0)
+
+
 def cached_status(name: str) -> str:
-    """"ready", "missing" or a sentence saying what is wrong with the cache entry."""
-    problem = _entry_problem(entry_dir(name))
-    return "ready" if problem is None else ("missing" if problem == "missing" else problem)
+    """"ready" when a load downloads nothing (see CacheState.cached), else "missing" or what is wrong."""
+    state = cache_state(name)
+    return "ready" if state.cached else state.gguf
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files under a folder (links followed at the top, not inside it)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def ensure(name: str, progress: bool = True) -> Path:
@@ -139,15 +171,16 @@ def _gguf_path(entry: CatalogEntry) -> Path:
 
 def _gguf_ready(entry: CatalogEntry) -> bool:
     """The assembled file is there and is the one its SHA-256 names. The full digest is computed once and
-    again whenever the file's size or modification time differs from when it was checked (a write into the
-    file, a copy over it); otherwise the stat record stands for it, as for the converted folders."""
+    again whenever the file's size, modification time or change time differs from when it was checked (a write
+    into the file, a copy over it; the change time also catches a write whose mtime was set back, which no
+    user can set back); otherwise the stat record stands for it, as for the converted folders."""
     path = _gguf_path(entry)
     try:
         checked = json.loads((path.parent / "checked.json").read_text())
         stat = path.stat()
         if checked["sha256"] != entry.sha256 or stat.st_size != checked["size"]:
             return False
-        if checked.get("mtime_ns") == stat.st_mtime_ns:
+        if checked.get("mtime_ns") == stat.st_mtime_ns and checked.get("ctime_ns") == stat.st_ctime_ns:
             return True
         if _sha256(path) != entry.sha256:
             return False
@@ -160,7 +193,7 @@ def _gguf_ready(entry: CatalogEntry) -> bool:
 def _write_checked(path: Path, sha256: str) -> None:
     """Written last: the file counts as assembled and checked only once this exists."""
     stat = path.stat()
-    record = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    record = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
     tmp = path.parent / "checked.json.tmp"
     tmp.write_text(json.dumps(record))
     os.replace(tmp, path.parent / "checked.json")

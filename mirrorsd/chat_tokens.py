@@ -25,11 +25,11 @@ def chat_ids(tokenizer, messages: list[dict], allow_control_tokens: bool = False
     the assistant's reply."""
     controls = control_texts(tokenizer)
     if allow_control_tokens or not any(c in m["content"] for m in messages for c in controls):
-        ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+        ids = _apply_template(tokenizer, messages, tools, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     marks = [f"\x00mirrorsd-message-{i}\x00" for i in range(len(messages))]
-    rendered = tokenizer.apply_chat_template([{**m, "content": mark} for m, mark in zip(messages, marks)],
-                                             tools=tools, add_generation_prompt=True, tokenize=False)
+    rendered = _apply_template(tokenizer, [{**m, "content": mark} for m, mark in zip(messages, marks)], tools,
+                               tokenize=False)
     ids: list[int] = []
     for message, mark in zip(messages, marks):
         if rendered.count(mark) != 1:
@@ -40,3 +40,17 @@ def chat_ids(tokenizer, messages: list[dict], allow_control_tokens: bool = False
         ids += tokenizer(template, add_special_tokens=False)["input_ids"]
         ids += tokenizer(message["content"], add_special_tokens=False, split_special_tokens=True)["input_ids"]
     return ids + tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+def _apply_template(tokenizer, messages: list[dict], tools: list[dict] | None, tokenize: bool):
+    """The chat template applied; a template that does not compile (a broken chat_template.jinja in a cached
+    model) or refuses these messages (its raise_exception) is a PromptError, not a traceback."""
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=tokenize)
+    except TemplateError as exc:
+        raise PromptError(f"the model's chat template failed on these messages: {exc}",
+                          "if the template itself is broken (chat_template.jinja or tokenizer_config.json in the "
+                          "model's folder), restore it (a catalog model: `mirrorsd rm MODEL`, then `mirrorsd pull MODEL`); otherwise "
+                          "change the messages as it asks") from None

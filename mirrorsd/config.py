@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 from dataclasses import dataclass, field, fields
 
 from mirrorsd.errors import ConfigError
@@ -32,6 +33,15 @@ def is_text(text: str) -> bool:
         return False
     return True
 
+
+_PLAIN_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def is_plain_file_name(name) -> bool:
+    """Whether a name read from a file on disk (a datastore segment, an export's graph) is a plain file name:
+    joined to its folder it stays inside it (no separator, no '..', no leading dot, nothing but [A-Za-z0-9._-])."""
+    return isinstance(name, str) and _PLAIN_FILE_NAME.fullmatch(name) is not None and ".." not in name
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen; target-only decoding and `verify` apply exactly the same."""
@@ -45,6 +55,10 @@ class SamplingParams:
 
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1.0 = off)."""
+
+    min_p: float = 0.0
+    """Keep only tokens at least min_p times as likely as the likeliest one, after temperature, top-k and
+    top-p, as transformers' MinPLogitsWarper does (0.0 = off)."""
 
     repetition_penalty: float = 1.0
     """CTRL-style penalty (>1 discourages tokens already in the context), as in transformers. Applies
@@ -73,6 +87,8 @@ class SamplingParams:
             raise ConfigError(f"top_k must be >= 0, got {self.top_k}", "use 0 to turn top-k off")
         if not (0.0 < self.top_p <= 1.0):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}", "use 1.0 to turn top-p off")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}", "use 0.0 to turn min-p off")
         if not (self.repetition_penalty > 0.0):
             raise ConfigError(
                 f"repetition_penalty must be > 0, got {self.repetition_penalty}", "use 1.0 for no penalty"
@@ -178,6 +194,7 @@ class GenerationConfig:
     temperature: float = SamplingParams.temperature
     top_k: int = SamplingParams.top_k
     top_p: float = SamplingParams.top_p
+    min_p: float = SamplingParams.min_p
     repetition_penalty: float = SamplingParams.repetition_penalty
     presence_penalty: float = SamplingParams.presence_penalty
     frequency_penalty: float = SamplingParams.frequency_penalty

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import numbers
 import threading
@@ -20,7 +21,7 @@ from mirrorsd.results import Event, FinishEvent, GenerationResult, StatsRecorder
 from mirrorsd.text_stream import StreamingText
 from mirrorsd.runtime.backends import eos_ids as eos_ids_of
 from mirrorsd.runtime.backends import load_lm
-from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
+from mirrorsd.runtime.backends.base import PrefixCachedLM
 from mirrorsd.runtime.decode import verify_curve
 from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs, calibrate
 from mirrorsd.runtime.decode.schedule import uses_cost_schedule
@@ -114,7 +115,9 @@ class Engine:
         if isinstance(target, CausalLM):
             self.target = target
             default_eos = eos_ids_of(None, tokenizer)
-        else:
+        else:  # a transformers model: imported here, since the GGUF path needs none of transformers' modelling
+            from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
+
             self.target = TorchCausalLM(target, device)
             default_eos = eos_ids_of(target, tokenizer)
         self.tokenizer = tokenizer
@@ -125,7 +128,9 @@ class Engine:
         self.grammars = Grammars(tokenizer, self.target.vocab_size, self.eos_ids)
         self.calibrations: dict[tuple, Costs] = {}
         # Set by Engine.load: the models as loaded (names, backends, devices, dtypes), under which calibrations
-        # are kept across processes in calibration_store. None (an engine built from objects): this engine only.
+        # are kept across processes in calibration_store: the target's verify-cost curve under target_id, a draft
+        # model's costs beside it under calibration_id. None (an engine built from objects): this engine only.
+        self.target_id: str | None = None
         self.calibration_id: str | None = None
         self.calibration_store: CalibrationStore | None = None
         self._lock = _RequestLock()  # one request at a time
@@ -165,14 +170,14 @@ class Engine:
                                export_threads=cpu_draft_threads(loaded.lm.computes_on))
         engine = cls(loaded.lm, loaded.tokenizer, drafter, name=target, helper=helper_for(drafter),
                      eos_ids=loaded.eos_ids)
-        if isinstance(draft, str) and drafter is not None and drafter.model is not None:
-            from mirrorsd.catalog import cache_dir
+        from mirrorsd.catalog import cache_dir
 
-            # the backends as resolved ("auto" may pick another one once llama-cpp-python is installed)
-            engine.calibration_id = (f"target {target} on {loaded.lm.backend} (device {device}, dtype {dtype}), "
-                                     f"draft {draft} on {drafter.model.lm.backend} (device {draft_device or device}, "
-                                     f"dtype {draft_dtype or dtype})")
-            engine.calibration_store = CalibrationStore(cache_dir() / "calibrations.json")
+        # the backends as resolved ("auto" may pick another one once llama-cpp-python is installed)
+        engine.target_id = f"target {target} on {loaded.lm.backend} (device {device}, dtype {dtype})"
+        engine.calibration_store = CalibrationStore(cache_dir() / "calibrations.json")
+        if isinstance(draft, str) and drafter is not None and drafter.model is not None:
+            engine.calibration_id = (f"{engine.target_id}, draft {draft} on {drafter.model.lm.backend} (device "
+                                     f"{draft_device or device}, dtype {draft_dtype or dtype})")
         return engine
 
     def with_drafter(self, drafter: str | Drafter | None, helper: Drafter | None | str = "auto") -> "Engine":
@@ -191,6 +196,7 @@ class Engine:
     def encode(self, prompt: Prompt, tools: list[dict] | None = None) -> list[int]:
         """Token ids for a prompt; chat messages go through the model's chat template, with `tools` (OpenAI-shaped
         function definitions, mirrorsd/tools.py) where the template takes them."""
+        self._check_open()
         if isinstance(prompt, np.ndarray):
             prompt = prompt.tolist()
         if isinstance(prompt, str):
@@ -237,10 +243,12 @@ class Engine:
         raise AssertionError("stream ended without a FinishEvent")
 
     def stream(self, prompt: Prompt, config: GenerationConfig | None = None, trace: str | None = None,
-               **settings) -> Iterator[Event]:
+               cancel: threading.Event | None = None, **settings) -> Iterator[Event]:
         """TokenEvents as tokens are committed, then one FinishEvent with the whole result.
         Closing the iterator early cancels the request (the draft worker, if any, is stopped).
         trace: a file to write the request's draft/verify timeline to, in Chrome's trace format.
+        cancel: an event another thread may set to stop the request even mid-pass: a backend that feeds a long
+        prompt in chunks (llama.cpp) stops between chunks, and the stream raises RequestCancelled.
         settings: GenerationConfig fields as keywords (`max_new_tokens=64, temperature=0.7`), applied over
         `config` (or the defaults)."""
         self._check_open()
@@ -253,7 +261,7 @@ class Engine:
         self.prepare(cfg)  # measured before the request, not in it; a bad early_exit_layer is reported now
         if trace:
             check_writable(trace)  # now, not after the whole generation
-        return self._run(ids, cfg, trace, self.constraint(cfg))
+        return self._run(ids, cfg, trace, self.constraint(cfg), cancel)
 
     def constraint(self, cfg: GenerationConfig) -> GrammarConstraint | None:
         """A fresh grammar state for a structured-output request (ConfigError for a bad grammar); None without."""
@@ -289,7 +297,7 @@ class Engine:
     def _verify_curve(self, max_k: int) -> None:
         if verify_curve.covers(verify_curve.known(self.target), max_k):
             return
-        kept = self._store_key("verify curve")
+        kept = self._store_key("verify curve", self.target_id)
         curve = None if kept is None else self.calibration_store.get_curve(kept)
         if not verify_curve.covers(curve, max_k):
             curve = verify_curve.measure(self.target, min(max_k, verify_curve.MAX_K))
@@ -297,13 +305,14 @@ class Engine:
                 self.calibration_store.put_curve(kept, curve)
         verify_curve.remember(self.target, curve)
 
-    def _store_key(self, what: int | str) -> str | None:
-        """The key under which calibration_store keeps `what` for these models here (None: not kept)."""
-        if self.calibration_store is None or self.calibration_id is None:
+    def _store_key(self, what: int | str, models: str | None) -> str | None:
+        """The key under which calibration_store keeps `what`, measured of `models` (target_id, or calibration_id
+        for the target beside its draft model), here (None: not kept)."""
+        if self.calibration_store is None or models is None:
             return None
         from mirrorsd.devices import machine_id
 
-        return CalibrationStore.key(self.calibration_id, self.cores, what, machine_id())
+        return CalibrationStore.key(models, self.cores, what, machine_id())
 
     def calibration(self, k: int) -> Costs:
         """Measured costs of this draft model beside this target on this core layout: kept per engine, and for
@@ -315,7 +324,7 @@ class Engine:
         """calibration, for a caller that holds the request lock."""
         key = (id(self.drafter), self.cores, max(1, k))
         if key not in self.calibrations:
-            kept = self._store_key(key[2])
+            kept = self._store_key(key[2], self.calibration_id)
             costs = None if kept is None else self.calibration_store.get(kept)
             if costs is None:
                 threads = None if self.cores.pinned else overlap_threads(self.target, self.drafter)
@@ -327,8 +336,9 @@ class Engine:
         return self.calibrations[key]
 
     def _run(self, ids: list[int], cfg: GenerationConfig, trace: str | None,
-             constraint: GrammarConstraint | None) -> Iterator[Event]:
-        with self._lock, pinned(self.cores.verify_core, self.target.threads):  # pinned: the verify side is this thread
+             constraint: GrammarConstraint | None, cancel: threading.Event | None = None) -> Iterator[Event]:
+        with self._lock, pinned(self.cores.verify_core, self.target.threads), \
+                cancellable(self.target, cancel):  # pinned: the verify side is this thread
             self._check_open()
             start = time.perf_counter()
             plan = self._plan(cfg, self._calibration)  # calibrated by prepare, before the request
@@ -454,6 +464,19 @@ class _Reply:
     def result(self, stats, timeline: Timeline) -> GenerationResult:
         return GenerationResult(self.text.text, self.tokens, self.finish, stats, self.from_draft,
                                 timeline.to_spans(), self.logprobs)
+
+
+@contextlib.contextmanager
+def cancellable(target: CausalLM, cancel: threading.Event | None):
+    """The request's cancel flag on a target that checks one mid-pass (our backends), for the request's duration."""
+    if cancel is None or not isinstance(target, PrefixCachedLM):
+        yield
+        return
+    target.cancel = cancel
+    try:
+        yield
+    finally:
+        target.cancel = None
 
 
 class _RequestLock:

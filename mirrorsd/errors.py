@@ -67,6 +67,16 @@ class EngineBusyError(MirrorsdError):
     """A call on an Engine from the thread whose open stream holds it (waiting would wait for ever)."""
 
 
+class RequestCancelled(MirrorsdError):
+    """A request stopped mid-pass because its caller cancelled it (a server's client left during a long prompt):
+    it ends without a reply; the engine takes the next request at once."""
+
+
+class ModelOutputError(MirrorsdError):
+    """The target's logits are not numbers (NaN, infinite) or all equal: damaged weights (a corrupted file) or a
+    backend that overflowed. Refused rather than decoded into token 0 over and over."""
+
+
 class GrammarError(MirrorsdError):
     """The structured-output grammar engine failed mid-reply (its state refused a token it had allowed, or hit a
     resource limit): the reply stops with this error rather than leave the grammar."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mirrorsd.config import is_plain_file_name
 from mirrorsd.errors import ExportError, TokenizerMismatchError
 from mirrorsd.tokenizer_check import tokenizer_fingerprint
 
@@ -31,8 +32,13 @@ def read_manifest(folder: str | Path) -> dict:
         manifest = json.loads(path.read_text())
         for key in ("format", "profile", "graphs", "dims", "max_context", "tokenizer"):
             manifest[key]  # noqa: B018 - presence check
-    except (ValueError, KeyError, TypeError) as exc:
+        files = [graph["file"] for graph in manifest["graphs"].values()]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ExportError(f"{path} is not a valid mirrorsd manifest ({exc})", "re-run `mirrorsd export`") from exc
+    outside = [f for f in files if not is_plain_file_name(f)]
+    if outside:  # joined to the folder to load it: a path would reach outside the export
+        raise ExportError(f"{path} names a graph file {str(outside[0])[:80]!r} that is not a plain file name in "
+                          "the export's folder", "re-run `mirrorsd export`")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ExportError(f"{path} has format version {manifest.get('format_version')}, this mirrorsd reads "
                           f"{FORMAT_VERSION}", "re-run `mirrorsd export` with this version of mirrorsd")

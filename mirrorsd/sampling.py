@@ -57,7 +57,7 @@ def apply_presence_frequency(logits: torch.Tensor, generated: Sequence[int], dra
 
 
 def warp_logits(logits: torch.Tensor, cfg: SamplingParams) -> torch.Tensor:
-    """Temperature, top-k, top-p on already-penalised logits [n, V]; removed tokens get -inf."""
+    """Temperature, top-k, top-p, min-p on already-penalised logits [n, V]; removed tokens get -inf."""
     logits = logits / cfg.temperature
     vocab = logits.shape[-1]
     if 0 < cfg.top_k < vocab:
@@ -65,6 +65,9 @@ def warp_logits(logits: torch.Tensor, cfg: SamplingParams) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if cfg.top_p < 1.0:
         logits = logits.masked_fill(~top_p_keep(logits, cfg.top_p), float("-inf"))
+    if cfg.min_p > 0.0:  # p >= min_p * p_max, compared in probabilities as transformers does
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < cfg.min_p * probs.amax(-1, keepdim=True), float("-inf"))
     return logits
 
 

@@ -53,9 +53,23 @@ def template_takes_tools(tokenizer) -> bool:
     return "tools" in template and OPEN in template
 
 
-def tool_grammar(tools: list[dict], choice="auto", parallel: bool = True) -> str | None:
+def marker(tokenizer, text: str) -> str:
+    """A call marker as a Lark term: the token itself (`<[id]>`) where the tokenizer has the marker as one added
+    token (Qwen2.5's <tool_call> is token 151657, which llguidance matches only by id: as text the grammar would
+    refuse the very token the model is trained to emit), else the quoted text."""
+    if tokenizer is not None:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) == 1 and ids[0] in tokenizer.added_tokens_decoder:
+            return f"<[{ids[0]}]>"
+    return json.dumps(text)
+
+
+def tool_grammar(tools: list[dict], choice="auto", parallel: bool = True, tokenizer=None) -> str | None:
     """The Lark grammar (llguidance) of a reply under `tool_choice`: "none" (no constraint: None), "auto" (text
-    that does not start with "<", or calls), "required" (calls only), or a function's name (calls of it only)."""
+    that starts with neither "<" nor "{", or calls, or one bare call: a reply that is just the call's JSON
+    object, as small Qwen2.5 models write it without the markers, and as llama.cpp's Hermes parser takes it),
+    "required" (calls only), or a function's name (calls of it only).
+    tokenizer: the target's, so markers that are tokens of their own are matched as those tokens."""
     if choice == "none":
         return None
     names = [t["function"]["name"] for t in tools]
@@ -66,29 +80,41 @@ def tool_grammar(tools: list[dict], choice="auto", parallel: bool = True) -> str
         "name": {"const": fn["name"]}, "arguments": fn.get("parameters") or {"type": "object"}},
         "required": ["name", "arguments"], "additionalProperties": False} for fn in chosen], "x-guidance": LAYOUT}
     calls = 'calls: call ("\\n" call)*' if parallel else "calls: call"
-    rules = [f"call: {json.dumps(OPEN + chr(10))} %json {json.dumps(schema)} {json.dumps(chr(10) + CLOSE)}", calls]
+    rules = [f'call: {marker(tokenizer, OPEN)} "\\n" %json {json.dumps(schema)} "\\n" {marker(tokenizer, CLOSE)}',
+             calls]
     if choice == "auto":
-        return "\n".join(["start: calls | TEXT", *rules, r"TEXT: /[^<][\s\S]*/"]) + "\n"
+        return "\n".join(["start: calls | bare | TEXT", *rules, f"bare: %json {json.dumps(schema)}",
+                          r"TEXT: /[^<{][\s\S]*/"]) + "\n"
     return "\n".join(["start: calls", *rules]) + "\n"
 
 
 def parse_calls(text: str) -> tuple[str, list[ToolCall]]:
     """The reply's text outside the calls (stripped) and the calls in order; a call that is not valid JSON of a
-    name and an arguments object stays text (only a grammar-free reply can hold one)."""
+    name and an arguments object stays text (only a grammar-free reply can hold one). A reply that is one bare
+    call object and nothing else (tool_grammar's "auto" admits it) is that call."""
+    bare = _call_of(text.strip()) if text.strip().startswith("{") else None
+    if bare is not None:
+        return "", [bare]
     calls, kept, last = [], [], 0
     for m in CALLS.finditer(text):
-        try:
-            body = json.loads(m.group(1))
-            call = ToolCall(body["name"], body["arguments"])
-            if not isinstance(call.name, str) or not isinstance(call.arguments, dict):
-                continue
-        except (ValueError, KeyError, TypeError):
+        call = _call_of(m.group(1))
+        if call is None:
             continue
         calls.append(call)
         kept.append(text[last:m.start()])
         last = m.end()
     kept.append(text[last:])
     return "".join(kept).strip(), calls
+
+
+def _call_of(text: str) -> ToolCall | None:
+    """The call a JSON object of a name and an arguments object makes, else None."""
+    try:
+        body = json.loads(text)
+        call = ToolCall(body["name"], body["arguments"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return call if isinstance(call.name, str) and isinstance(call.arguments, dict) else None
 
 
 def messages_for_template(messages: list[dict]) -> list[dict]:

@@ -13,11 +13,12 @@ which `_cached` already is.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import torch
 
-from mirrorsd.errors import PromptError
+from mirrorsd.errors import PromptError, RequestCancelled
 
 
 def common_prefix(cached: list[int], tokens: Sequence[int]) -> int:
@@ -41,6 +42,14 @@ class PrefixCachedLM:
     vocab_size: int
     exact_batches = False  # a verify pass reproduces one-token logits bit for bit: only where measured so
     context_hint = "shorten the prompt or lower max_new_tokens"
+    cancel: threading.Event | None = None
+    """The running request's cancel flag (set by the Engine for the request's duration): a backend that feeds a long
+    prompt in chunks checks it between chunks (check_cancel), so a request whose client left stops within one
+    chunk instead of at the end of its prefill."""
+
+    def check_cancel(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise RequestCancelled("the request was cancelled during its prompt", "")
 
     def __init__(self) -> None:
         self._cached: list[int] = []  # token ids whose keys/values are in the cache

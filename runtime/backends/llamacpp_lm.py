@@ -128,6 +128,8 @@ class LlamaCppLM(PrefixCachedLM):
         out: list[np.ndarray] = []
         n_past = len(self._cached)
         for start in range(0, len(new), llm.n_batch):
+            if start:
+                self.check_cancel()  # a long prompt stops within a chunk of its client leaving
             chunk = new[start:start + llm.n_batch]
             wanted = 0
             for i, token in enumerate(chunk):  # one sequence (0); logits only for the rows asked for

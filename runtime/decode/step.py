@@ -20,6 +20,7 @@ import numpy as np
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import (CausalLM, Draft, Drafter, ExitRequest, HintOutcome, Step, ThreadControl,
                                 TokenLogprob)
+from mirrorsd.errors import ModelOutputError
 from mirrorsd.runtime.decode import match_classes, verify_curve
 from mirrorsd.runtime.decode.policy import StepPolicy
 from mirrorsd.runtime.decode.threads import draft_control, leave_signals_to_the_main_thread, pinned
@@ -92,6 +93,8 @@ class StepCore:
                 logits = self.target.score(self.committed, draft.tokens)  # [k+1, V]
             else:
                 logits = self.target.early_exit.score_with_exit(self.committed, draft.tokens, exit_request)
+            if self.generated == 0:  # the request's first pass: damaged weights show at once
+                check_logits(logits, self.target)
             allowed = logits if self.constraint is None else apply_masks(logits, self.constraint.masks(draft.tokens))
             n_accepted, tokens = verify(draft, allowed, self.config.sampling, self.rng, history=self.committed,
                                         prompt_len=self.prompt_len)
@@ -264,6 +267,19 @@ class _Caller:
                     continue
                 if answer is not None:
                     answer.put((True, result))
+
+
+def check_logits(logits, target: CausalLM) -> None:
+    """Logits [n, V] a model can have produced: finite, and not all equal in a row (ModelOutputError otherwise)."""
+    rows = logits.float()
+    finite = bool(rows.isfinite().all())
+    if not finite or bool((rows.amax(-1) == rows.amin(-1)).any()):
+        what = "NaN or infinite" if not finite else "all equal"
+        raise ModelOutputError(
+            f"the target ({target.backend}) produced logits that are {what}: its weights are damaged (a corrupted "
+            "model file) or the backend overflowed; nothing was generated",
+            "re-fetch the model (a catalog model: `mirrorsd rm NAME`, then `mirrorsd pull NAME`), or try another "
+            "--dtype / --backend")
 
 
 def make_step(draft: Draft, outcome: Outcome, draft_seconds: float, fault: str | None,

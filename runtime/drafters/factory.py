@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from mirrorsd.contracts import Drafter
 from mirrorsd.errors import ConfigError
 from mirrorsd.runtime.drafters.chain import ChainDrafter
@@ -64,7 +66,8 @@ def make_drafter(spec: str | Drafter | None, target_tokenizer, target_name: str 
 
     loaded = load_lm(spec, backend, device=device, dtype=dtype, progress=progress, role="draft")
     check_tokenizers_match(target_tokenizer, loaded.tokenizer, target_name, spec)
-    return ModelDrafter(loaded.lm)
+    # named by its model, not its backend: stats then say which model drafted (a path: its last part)
+    return ModelDrafter(loaded.lm, name=Path(spec.rstrip("/\\")).name or spec)
 
 
 DRAFTER_KEYWORDS = ("auto", "ngram", "retrieval", "chain", "none")
@@ -73,7 +76,6 @@ DRAFTER_KEYWORDS = ("auto", "ngram", "retrieval", "chain", "none")
 def check_not_a_misspelt_keyword(spec: str) -> None:
     """A spec that is no file or folder but nearly a drafter keyword ("ngrams") is a typo, not a model to fetch."""
     import difflib
-    from pathlib import Path
 
     kind = spec.partition(":")[0]
     close = difflib.get_close_matches(kind, DRAFTER_KEYWORDS, n=1, cutoff=0.75)

@@ -45,7 +45,8 @@ def test_a_save_that_dies_midway_leaves_the_previous_version(tmp_path, monkeypat
 
 @pytest.mark.parametrize("body", ["[1, 2, 3]", "null", "42", '"text"', '{"updated": "yesterday"}',
                                   '{"messages": 5}', '{"messages": [{"content": "no role"}]}',
-                                  '{"messages": [{"role": "user", "content": 7}]}', '{"system": []}'])
+                                  '{"messages": [{"role": "user", "content": 7}]}', '{"system": []}',
+                                  '{"created": ' + "9" * 400 + '}', '{"updated": 1e999}', "[" * 100_000 + "]" * 100_000])
 def test_valid_json_that_is_not_a_conversation_is_skipped_with_a_warning(tmp_path, body, caplog):
     store = ConversationStore(tmp_path)
     good = Conversation(messages=[{"role": "user", "content": "kept"}])
@@ -73,3 +74,25 @@ def test_the_file_name_is_the_id_and_no_id_escapes_the_folder(tmp_path):
         with pytest.raises(ValueError):
             store.save(Conversation(id=bad))
     assert sorted(p.name for p in tmp_path.rglob("*.json")) == ["hand-made.json"]
+
+
+def test_a_fifo_named_like_a_conversation_costs_only_itself(tmp_path, caplog):
+    """A FIFO named x.json would block a read forever: the sidebar would never fill."""
+    import os
+    import threading
+
+    store = ConversationStore(tmp_path)
+    good = Conversation(messages=[{"role": "user", "content": "kept"}])
+    store.save(good)
+    os.mkfifo(tmp_path / "x.json")
+    (tmp_path / "folder.json").mkdir()
+    listed: list = []
+    worker = threading.Thread(target=lambda: listed.extend(store.list()), daemon=True)
+    with caplog.at_level("WARNING", logger="mirrorsd"):
+        worker.start()
+        worker.join(10)
+    if worker.is_alive():  # unblock the stuck reader before failing
+        with open(tmp_path / "x.json", "w"):
+            pass
+    assert not worker.is_alive() and [c.id for c in listed] == [good.id]
+    assert "x.json" in caplog.text and "folder.json" in caplog.text

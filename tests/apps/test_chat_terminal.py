@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from drafters_for_tests import PacedDrafter
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.apps.chat_session import ChatSession, ChatSettings
@@ -37,14 +39,18 @@ def test_commands_history_and_highlighting(tokenizer, target_model):
     session = ChatSession(engine, ChatSettings(temperature=0.0, max_new_tokens=40))
     out = Screen()
     run_terminal_chat(session, lines_then_eof("def quicksort(arr):", "/max 12", "/temp 0", "Hello world!",
-                                              "/stats", "/temp -1", "/bogus"), out, highlight=True)
+                                              "/stats", "/show info", "/temp -1", "/bogus", '"""two',
+                                              'lines"""', "/bye", "never read"), out, highlight=True)
     text = out.getvalue()
     assert "tiny on torch:cpu · draft ngram" in text
-    assert [m["role"] for m in session.messages] == ["user", "assistant", "user", "assistant"]
+    assert [m["role"] for m in session.messages] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    assert session.messages[4]["content"] == "two\nlines"  # ollama's \"\"\" block: one message of two lines
     first = engine.generate([{"role": "user", "content": "def quicksort(arr):"}], GenerationConfig(max_new_tokens=40))
     assert session.messages[1]["content"] == first.text
-    assert "(max tokens 12)" in text and "tokens 12 ·" in text and "mean accepted length" in text
-    assert '"verify_steps"' in text  # /stats prints the whole stats dict
+    assert "(max tokens 12)" in text and "reply 12 tokens in" in text and "prompt " in text
+    assert "drafts by ngram" in text or "no drafts (plain decoding)" in text  # never an acceptance beside no drafts
+    assert "speculation:\n" in text and "  verify steps: " in text and "{" not in text.split("speculation:")[1][:200]
+    assert "architecture        llama" in text and "context length" in text  # /show info
     assert "usage: /temp X, a number >= 0 (0 = greedy) (now 0.0)" in text and "commands:" in text
     if any(first.from_draft):
         assert DRAFT_STYLE in text
@@ -96,7 +102,7 @@ def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(tokenizer, target_model, ct
     stopped_reply = session.messages[1]["content"]
     assert len(engine.encode(stopped_reply)) < 150 if stopped_reply else True
     assert [m["role"] for m in session.messages] == ["user", "assistant", "user", "assistant"]  # it went on
-    assert "tokens 5 ·" in text
+    assert "reply 5 tokens in" in text
 
 
 def test_mirrorsd_chat_without_a_display_falls_back_to_the_terminal(tiny_folder):
@@ -107,7 +113,7 @@ def test_mirrorsd_chat_without_a_display_falls_back_to_the_terminal(tiny_folder)
                          env={**env, "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr
     assert "no display" in out.stderr and "chatting in the terminal" in out.stderr
-    assert "assistant> " in out.stdout and "tokens 16 ·" in out.stdout and "(new chat)" in out.stdout
+    assert "assistant> " in out.stdout and "reply 16 tokens in" in out.stdout and "(new chat)" in out.stdout
     assert "\x1b[" not in out.stdout  # no colour codes when the output is not a terminal
 
 
@@ -216,3 +222,29 @@ def test_replies_wrap_at_the_given_width(tokenizer, target_model):
     lines = ("assistant> " + reply).split("\n")
     assert all(len(line) <= 30 or " " not in line.strip() for line in lines), lines
     assert " ".join(reply.split()) == " ".join(session.messages[-1]["content"].split())  # no text lost
+
+
+def test_keys_typed_during_a_reply_are_not_echoed_into_it():
+    """On a real terminal (a pty): echo is off while a reply streams and back on after, even when the reply
+    fails; off a terminal nothing changes."""
+    import os
+    import pty
+    import termios
+
+    from mirrorsd.apps.chat_terminal import quiet_input
+
+    parent, child = pty.openpty()
+    try:
+        with os.fdopen(os.dup(child), "r") as stream:
+            assert termios.tcgetattr(child)[3] & termios.ECHO
+            with quiet_input(stream):
+                assert not termios.tcgetattr(child)[3] & termios.ECHO
+            assert termios.tcgetattr(child)[3] & termios.ECHO
+            with pytest.raises(RuntimeError), quiet_input(stream):
+                raise RuntimeError("a failed reply")
+            assert termios.tcgetattr(child)[3] & termios.ECHO
+    finally:
+        os.close(parent)
+        os.close(child)
+    with quiet_input(io.StringIO()):  # not a terminal: nothing to do
+        pass

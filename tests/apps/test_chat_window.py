@@ -95,10 +95,15 @@ def test_stream_stop_stats_and_screenshot(qtbot, window, tmp_path):
         f"mean accepted length: {len(result.token_ids) / stats.verify_steps:.2f}"
     alpha = stats.acceptance_rate
     assert win.stat_labels["acceptance"].text() == "acceptance: " + ("n/a" if alpha is None else f"{alpha:.0%}")
-    assert win.stat_labels["drafter"].text() == f"drafter: {stats.drafter}"
+    assert win.stat_labels["drafter"].text() == "drafter: " + (stats.drafted_by if stats.drafted_tokens else "no drafts")
+    for label in win.stat_labels.values():  # every figure readable in full: wrapped within its share, not cut
+        needed = label.fontMetrics().boundingRect(0, 0, label.width(), 10_000, int(Qt.TextWordWrap), label.text())
+        assert label.wordWrap() and needed.width() <= label.width() and needed.height() <= label.height() + 2, \
+            (label.text(), label.size(), needed)
     assert float(win.stat_labels["tokens/s"].text().split(": ")[1]) > 0
     details = win.stat_labels["tokens"].toolTip()  # every stats field, formatted for reading
     assert f"verify steps: {stats.verify_steps}\n" in details and "time to first token: " in details
+    assert details.startswith("tokens:\n") and "\nspeculation:\n" in details  # grouped
     assert not re.search(r"\d\.\d{4,}", details), details  # no raw floats
     assert win.stat_labels["first token"].text().endswith(" s")
 

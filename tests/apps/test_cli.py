@@ -32,11 +32,17 @@ def test_bad_arguments_give_a_message_not_a_traceback(tiny_folder):
     assert bad_temp.returncode == 2 and "temperature" in bad_temp.stderr and "Traceback" not in bad_temp.stderr
     for args, words in [(["--seed", "-1"], "seed"), (["--k", "abc"], "--k"), (["--no-such-flag"], "no-such-flag"),
                         (["--trace", str(tiny_folder / "config.json" / "t.json")], "cannot write the trace"),
-                        (["--k", "0"], "--k must be from 1"), (["--max-new-tokens", "0"], "--max-new-tokens must")]:
+                        (["--k", "0"], "--k must be from 1"), (["--max-new-tokens", "0"], "--max-new-tokens must"),
+                        (["--dtype", "bogus"], "--dtype 'bogus'"), (["--device", "tpu9"], "--device 'tpu9'")]:
         out = run("generate", "--target", str(tiny_folder), *args, "hi")
         assert out.returncode == 2 and out.stderr.startswith("mirrorsd: error:") and words in out.stderr, out.stderr
         # (startswith: refused before the model loads, so no loading output comes first)
         assert "Traceback" not in out.stderr and "hint:" in out.stderr
+    empty = run("generate", "--target", str(tiny_folder), "--file", "/dev/null")  # was answered
+    assert empty.returncode == 2 and "the prompt from --file /dev/null is empty" in empty.stderr, empty.stderr
+    for command in (["serve", "--port", "0"], ["chat", "--terminal"]):
+        out = run(*command, "--target", str(tiny_folder), "--dtype", "fp64")
+        assert out.returncode == 2 and out.stderr.startswith("mirrorsd: error: --dtype 'fp64'"), out.stderr
     typo = run("generate", "--target", str(tiny_folder), "--draft", "ngrams", "hi")
     assert typo.returncode == 2 and "did you mean 'ngram'" in typo.stderr and "chain[:PATH]" in typo.stderr
 
@@ -69,6 +75,12 @@ def test_backend_choice_on_the_command_line_and_in_devices(tiny_folder):
     assert not_gguf.returncode == 2 and "GGUF" in not_gguf.stderr and "Traceback" not in not_gguf.stderr
     devices = run("devices")
     assert devices.returncode == 0 and "auto -> llamacpp for GGUF models" in devices.stdout
+    import torch
+
+    if not torch.cuda.is_available():  # it claimed the target would run on cuda
+        on_cuda = run("devices", "--device", "cuda")
+        assert on_cuda.returncode == 0 and "torch sees no cuda device here" in on_cuda.stdout, on_cuda.stdout
+        assert "runs on the CPU only" in on_cuda.stdout or "with GPU offload" in on_cuda.stdout
 
 
 def test_datastore_build_info_and_generate_with_it(tiny_folder, tmp_path):
@@ -79,6 +91,11 @@ def test_datastore_build_info_and_generate_with_it(tiny_folder, tmp_path):
     assert built.returncode == 0, built.stderr
     info = json.loads(run("datastore", "info", str(tmp_path / "ds")).stdout)
     assert info["documents"] == 1 and info["tokens"] > 10
+    again = run("datastore", "build", str(corpus), "--tokenizer", str(tiny_folder), "--out", str(tmp_path / "ds"))
+    assert again.returncode == 2 and "--force" in again.stderr  # what it learned would be replaced silently
+    forced = run("datastore", "build", str(corpus), "--tokenizer", str(tiny_folder), "--out", str(tmp_path / "ds"),
+                 "--force")
+    assert forced.returncode == 0, forced.stderr
     common = ["--target", str(tiny_folder), "--max-new-tokens", "16", "--json", "--raw", "--dtype", "float32",
               "def f(x):"]
     chain = json.loads(run("generate", "--draft", f"chain:{tmp_path / 'ds'}", *common).stdout)
@@ -86,6 +103,9 @@ def test_datastore_build_info_and_generate_with_it(tiny_folder, tmp_path):
     assert chain["token_ids"] == plain["token_ids"]
     missing = run("generate", "--draft", f"retrieval:{tmp_path / 'nope'}", *common)
     assert missing.returncode == 2 and "not a datastore" in missing.stderr
+    (tmp_path / "ds" / "seg-00000.sa.npy").write_bytes(b"")  # looked like Ctrl-C: exit 130, no message
+    cut = run("datastore", "info", str(tmp_path / "ds"))
+    assert cut.returncode == 2 and "truncated" in cut.stderr and "Traceback" not in cut.stderr, cut.stderr
 
 
 def test_generate_with_a_draft_model_through_the_pipeline_with_a_trace(tiny_folder, tmp_path):
@@ -234,10 +254,31 @@ def test_rm_frees_a_cached_model_and_names_what_is_not_cached(tmp_path):
     assert not (tmp_path / "models" / "no-such-model").exists()
 
 
-def test_pull_fetches_a_catalog_model_or_says_it_is_ready():
-    pulled = run("pull", "smollm2-135m")
+def test_pull_fetches_the_gguf_and_converts_only_when_asked(tmp_path):
+    """A GGUF llama.cpp runs offline is `ready` in `models` (it said `missing` while only the torch conversion
+    counted), and `pull` leaves no float conversion (6x the GGUF) unless --torch asks for it."""
+    import shutil
+
+    from mirrorsd import catalog
+
+    real = catalog.ensure_gguf("smollm2-135m", progress=False)
+    gguf = tmp_path / "models" / "smollm2-135m" / "gguf" / "smollm2-135m.gguf"
+    gguf.parent.mkdir(parents=True)
+    shutil.copyfile(real, gguf)  # as a finished assembly leaves it: the file, then its checked record
+    catalog._write_checked(gguf, catalog.CATALOG["smollm2-135m"].sha256)
+    env = {"MIRRORSD_CACHE": str(tmp_path), "COLUMNS": "250"}
+    pulled = run("pull", "smollm2-135m", env=env)
     assert pulled.returncode == 0, pulled.stderr
-    assert "smollm2-135m: ready (" in pulled.stdout and ".gguf and " in pulled.stdout
+    assert "smollm2-135m: GGUF ready (" in pulled.stdout and "torch" not in pulled.stdout
+    assert not (tmp_path / "models" / "smollm2-135m" / "hf").exists()
+    listed = run("models", env=env)
+    row = next(line for line in listed.stdout.splitlines() if "smollm2-135m" in line)
+    assert "ready, " in row and "not made" in row and "missing" not in row, listed.stdout
+    converted = run("pull", "smollm2-135m", "--torch", env=env)
+    assert converted.returncode == 0 and "torch conversion ready (" in converted.stdout, converted.stderr
+    row = next(line for line in run("models", env=env).stdout.splitlines() if "smollm2-135m" in line)
+    assert row.count("ready, ") == 2, row
+    assert catalog.CATALOG["smollm2-135m"] and (tmp_path / "models" / "smollm2-135m" / "hf").is_dir()
 
 
 def test_a_hub_id_that_is_not_cached_fails_at_once_offline():

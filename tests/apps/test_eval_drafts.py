@@ -78,6 +78,38 @@ def test_eval_drafts_on_a_tiny_workload(engine, references, tokenizer, tmp_path)
     assert "Recommendation" in (tmp_path / "out" / "eval-drafts.md").read_text()
 
 
+def test_ctrl_c_writes_what_was_measured_so_far(engine, tokenizer, tmp_path, monkeypatch):
+    """Ctrl-C during the end-to-end runs: the prompts every runner finished are in a partial report (it wrote
+    nothing and exited 130 silently)."""
+    import mirrorsd.apps.eval_drafts as eval_drafts
+
+    workload = tmp_path / "workload.jsonl"
+    workload.write_text("".join(json.dumps({"text": p}) + "\n" for p in PROMPTS))
+    real_ours, runs = eval_drafts.ours, []
+
+    def ours(ctx, drafter, **kw):
+        run = real_ours(ctx, drafter, **kw)
+        if drafter is None:
+            return run
+
+        def interrupting(ids, config):  # the candidate's third end-to-end prompt is where Ctrl-C lands
+            runs.append(1)
+            if len(runs) == 3:
+                raise KeyboardInterrupt
+            return run(ids, config)
+        return interrupting
+
+    monkeypatch.setattr(eval_drafts, "ours", ours)
+    opts = EvalOptions(workload=str(workload), target="tiny", samples=4, max_new_tokens=12, k_max=4,
+                       out=str(tmp_path / "out"))
+    with pytest.raises(KeyboardInterrupt):
+        run_eval_drafts(opts, engine=engine, candidates={"ngram": NGramDrafter()})
+    saved = json.loads((tmp_path / "out" / "eval-drafts.json").read_text())
+    assert saved["partial"] and saved["measured_samples"] == 2 and "2 of 4 prompts" in saved["interrupted"]
+    assert saved["candidates"]["ngram"]["measured_tokens_per_second"] > 0
+    assert "Partial report" in (tmp_path / "out" / "eval-drafts.md").read_text()
+
+
 def test_eval_drafts_command_line(tokenizer, tmp_path):
     folder = tmp_path / "tiny"
     make_model(tokenizer, seed=0, sharpness=30.0).save_pretrained(folder)

@@ -51,7 +51,7 @@ def test_choose_devices_with_a_draft_model(tiny_folder, capsys):
     module = importlib.import_module("mirrorsd.apps.examples.choose_devices")
     module.main(["--target", str(tiny_folder), "--draft", str(tiny_folder), "--device", "cpu",
                  "--draft-device", "cpu", "--max-new-tokens", "8"])
-    assert "drafter: torch:cpu on the cpu" in capsys.readouterr().out
+    assert f"drafter: {tiny_folder.name} on the cpu" in capsys.readouterr().out  # named by its model
 
 
 def test_read_stats(tiny_folder, capsys):

@@ -88,13 +88,17 @@ def test_a_client_leaving_a_non_streamed_reply_cancels_it(server):
     assert health["finished"].get("cancelled", 0) == before + 1
 
 
-def test_beyond_max_queue_requests_get_429_with_retry_after(server):
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 60, "temperature": 0}),
+    ("/api/chat", {"model": MODEL, "messages": CHAT["messages"], "stream": False,
+                   "options": {"num_predict": 60, "temperature": 0}}),  # ollama's route: the same header
+])
+def test_beyond_max_queue_requests_get_429_with_retry_after(server, path, body):
     wait_idle(server.url)
-    body = {**CHAT, "max_tokens": 60, "temperature": 0}
     results: list[httpx.Response] = []
 
     def post() -> None:
-        results.append(httpx.post(server.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60))
+        results.append(httpx.post(server.url + path, json=body, headers=AUTH, timeout=60))
 
     threads = [threading.Thread(target=post) for _ in range(4)]  # one runs, one waits, the rest are refused
     for t in threads:
@@ -105,7 +109,17 @@ def test_beyond_max_queue_requests_get_429_with_retry_after(server):
     codes = sorted(r.status_code for r in results)
     assert codes.count(200) >= 2 and 429 in codes, codes
     refused = next(r for r in results if r.status_code == 429)
-    assert refused.headers["Retry-After"] and refused.json()["error"]["code"] == "queue_full"
+    error = refused.json()["error"]
+    assert refused.headers["Retry-After"] and (error["code"] == "queue_full" if path.startswith("/v1/") else
+                                               "busy" in error)
+
+
+def test_best_of_is_refused_rather_than_ignored(server):
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as http:
+        r = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2, "best_of": 3})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "best_of", r.text
+        assert http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2,
+                                                  "best_of": 1}).status_code == 200
 
 
 class _Errors(logging.Handler):
@@ -381,3 +395,31 @@ def test_wrong_types_are_refused_not_coerced(server, change):
         r = http.post("/v1/chat/completions", json={**CHAT, **change})
         assert r.status_code == 400 and r.json()["error"]["message"], (change, r.text)
         assert http.post("/v1/chat/completions", json={**CHAT, "temperature": 1, "top_p": 1}).status_code == 200
+
+
+def test_slow_clients_cannot_hold_connections_open(slow_engine):
+    """Partial headers, a byte now and then, held 24 connections open for 40 s: the headers get
+    header_timeout_s, each piece of a body body_timeout_s (408)."""
+    import socket
+
+    limits = ServerLimits(header_timeout_s=1.0, body_timeout_s=1.0)
+    with BackgroundServer(create_app(slow_engine, limits=limits)) as srv:
+        start = time.monotonic()
+        partial = []
+        for _ in range(6):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # never finished
+            partial.append(s)
+        for s in partial:
+            assert s.recv(1024) == b""  # closed by the server
+            s.close()
+        assert time.monotonic() - start < 8
+        s2 = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        s2.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 200\r\n\r\n{\"model\": ")  # then nothing more
+        answer = b""
+        while b"request_timeout" not in answer and (chunk := s2.recv(4096)):  # headers and body may come apart
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer, answer
+        s2.close()
+        assert httpx.get(srv.url + "/health", timeout=10).status_code == 200  # a normal client is answered

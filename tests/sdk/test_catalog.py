@@ -36,21 +36,22 @@ def test_unknown_catalog_name():
 
 
 def test_truncated_or_unfinished_cache_entries_are_detected(tmp_path, monkeypatch):
+    """The torch conversion's state (cache_state(...).torch; cached_status says whether a load downloads)."""
     monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path))
     root = catalog.entry_dir("smollm2-135m")
-    assert catalog.cached_status("smollm2-135m") == "missing"
+    assert catalog.cache_state("smollm2-135m").torch == "missing" == catalog.cached_status("smollm2-135m")
     (root / "hf").mkdir(parents=True)
     weights = root / "hf" / "model.safetensors"
     weights.write_bytes(b"x" * 1000)
-    assert "did not finish" in catalog.cached_status("smollm2-135m")
+    assert "did not finish" in catalog.cache_state("smollm2-135m").torch
     catalog._write_manifest(root, catalog.CATALOG["smollm2-135m"])
-    assert catalog.cached_status("smollm2-135m") == "ready"
+    assert catalog.cache_state("smollm2-135m").torch == "ready"
     recorded = json.loads((root / "complete.json").read_text())["files"]["hf/model.safetensors"]
     assert recorded["size"] == 1000 and len(recorded["blake2b"]) == 64
     weights.write_bytes(b"x" * 10)  # truncated copy
-    assert "truncated" in catalog.cached_status("smollm2-135m")
+    assert "truncated" in catalog.cache_state("smollm2-135m").torch
     weights.unlink()
-    assert "missing" in catalog.cached_status("smollm2-135m")
+    assert "missing" in catalog.cache_state("smollm2-135m").torch
 
 
 def test_same_size_corruption_is_caught_by_the_digest(tmp_path, monkeypatch):
@@ -61,9 +62,9 @@ def test_same_size_corruption_is_caught_by_the_digest(tmp_path, monkeypatch):
     weights.write_bytes(b"x" * 1000)
     catalog._write_manifest(root, catalog.CATALOG["smollm2-135m"])
     weights.write_bytes(b"x" * 1000)  # rewritten, same bytes: re-hashed once, still ready
-    assert catalog.cached_status("smollm2-135m") == "ready"
+    assert catalog.cache_state("smollm2-135m").torch == "ready"
     weights.write_bytes(b"y" * 1000)  # same size, other bytes
-    assert "digest differs" in catalog.cached_status("smollm2-135m")
+    assert "digest differs" in catalog.cache_state("smollm2-135m").torch
 
 
 def test_a_broken_catalog_entry_is_rebuilt_on_load_failure(tmp_path, monkeypatch):
@@ -125,6 +126,12 @@ def test_a_corrupted_cached_gguf_of_the_same_size_is_detected_and_rebuilt(tmp_pa
     assert rebuilt == ["smollm2-135m"] and catalog._sha256(path) == entry.sha256 and catalog._gguf_ready(entry)
     os.utime(path, ns=(1, 1))  # touched but the same bytes: hashed once more, still good, time recorded
     assert catalog._gguf_ready(entry) and json.loads((path.parent / "checked.json").read_text())["mtime_ns"] == 1
+    mtime = path.stat().st_mtime_ns  # the same damage with the modification time set back: the change time tells
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        f.write(os.urandom(1 << 20))
+    os.utime(path, ns=(mtime, mtime))
+    assert path.stat().st_mtime_ns == mtime and not catalog._gguf_ready(entry)
 
 
 def test_a_truncated_gguf_given_by_path_is_a_clear_error(tmp_path):

@@ -22,6 +22,8 @@ def test_with_block_closes_and_later_calls_say_so(tokenizer):
     assert engine.closed and engine.target.model is None  # the model is released
     with pytest.raises(EngineClosedError, match="closed"):
         engine.generate("hello")
+    with pytest.raises(EngineClosedError, match="closed"):  # it tokenised as if open
+        engine.encode("hello")
     engine.close()  # closing twice is fine
 
 

@@ -14,11 +14,13 @@ from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 PROMPT = "The quick brown fox"
 
 
-@pytest.mark.parametrize("drafter_kind,pipeline", [("other-model", "off"), ("other-model", "branches"),
-                                                    ("ngram", "off"), ("ngram", "overlap")])
-def test_speculative_sampling_matches_target_distribution(drafter_kind, pipeline, target_model, other_model, tokenizer):
+@pytest.mark.parametrize("drafter_kind,pipeline,min_p", [("other-model", "off", 0.0), ("other-model", "branches", 0.0),
+                                                          ("ngram", "off", 0.0), ("ngram", "overlap", 0.0),
+                                                          ("other-model", "off", 0.05)])
+def test_speculative_sampling_matches_target_distribution(drafter_kind, pipeline, min_p, target_model, other_model,
+                                                          tokenizer):
     cfg = GenerationConfig(temperature=0.8, max_new_tokens=2, num_draft_tokens=2, adaptive_k=False,
-                           pipeline=pipeline, early_exit_layer=1)
+                           pipeline=pipeline, early_exit_layer=1, min_p=min_p)
     prompt = PROMPT
     if drafter_kind == "other-model":
         drafter = ModelDrafter(TorchCausalLM(other_model))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pytest
 
 from mirrorsd import (ConfigError, Engine, GenerationConfig, MirrorsdError, ModelNotFoundError, PromptError,
@@ -177,3 +178,42 @@ def test_argv_and_stdin_that_are_not_utf8_are_clear_errors(tiny_folder):
     stdin = subprocess.run([*base, "-"], input=b"\xff\xfe", capture_output=True, timeout=300, env=env)
     for rc, err in ((argv.returncode, argv.stderr), (stdin.returncode, stdin.stderr.decode())):
         assert rc == 2 and "mirrorsd: error:" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("file", ["../outside.onnx", "/etc/passwd", "sub/decode.onnx", "..", 7, None])
+def test_an_export_manifest_naming_a_graph_outside_its_folder_is_refused(tmp_path, file):
+    from mirrorsd.errors import ExportError
+    from mirrorsd.export_format import FORMAT_VERSION, MANIFEST, read_manifest
+
+    manifest = {"format": "onnx", "format_version": FORMAT_VERSION, "profile": "dynamic", "dims": {},
+                "max_context": 64, "tokenizer": {"fingerprint": "x"}, "graphs": {"decode": {"file": file}}}
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match="plain file name"):
+        read_manifest(tmp_path)
+    manifest["graphs"]["decode"]["file"] = "decode.onnx"
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    assert read_manifest(tmp_path)["graphs"]["decode"]["file"] == "decode.onnx"
+
+
+def test_a_broken_chat_template_is_a_prompt_error_in_the_sdk_and_the_cli(tiny_folder, tmp_path, target_model):
+    """A cached model whose chat_template.jinja was damaged: a clear error, not a jinja traceback."""
+    import shutil
+
+    from helpers import run
+
+    folder = tmp_path / "broken-template"
+    shutil.copytree(tiny_folder, folder)
+    template = folder / "chat_template.jinja"
+    if template.exists():
+        template.write_text("{% for message in messages %}{{ message['content'] }")  # cut mid-tag
+    else:  # an older transformers keeps the template in tokenizer_config.json
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config["chat_template"] = "{% for message in messages %}{{ message['content'] }"
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    from transformers import AutoTokenizer
+
+    engine = Engine(target_model, AutoTokenizer.from_pretrained(folder), None, name="broken")
+    with pytest.raises(PromptError, match="chat template"):
+        engine.encode([{"role": "user", "content": "hi"}])
+    out = run("generate", "--target", str(folder), "--draft", "none", "--max-new-tokens", "2", "hi")
+    assert out.returncode == 2 and "chat template" in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -86,9 +86,9 @@ def test_truncated_cache_entry_is_rebuilt(tmp_path, monkeypatch):
     weights = dst / "hf" / "model.safetensors"
     with open(weights, "r+b") as f:
         f.truncate(1000)
-    assert "truncated" in catalog.cached_status("smollm2-135m")
+    assert "truncated" in catalog.cache_state("smollm2-135m").torch
     catalog.ensure("smollm2-135m", progress=False)
-    assert catalog.cached_status("smollm2-135m") == "ready"
+    assert catalog.cache_state("smollm2-135m").torch == "ready"
     assert weights.stat().st_size == (src / "hf" / "model.safetensors").stat().st_size
 
 

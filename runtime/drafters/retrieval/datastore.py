@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mirrorsd.config import is_text
+from mirrorsd.config import is_plain_file_name, is_text
 from mirrorsd.errors import DatastoreError
 from mirrorsd.tokenizer_check import tokenizer_fingerprint
 from mirrorsd.runtime.drafters.continuation import SEPARATOR, continuation_matrix, likeliest_path
@@ -88,6 +88,7 @@ class Datastore:
         if header.get("version") != VERSION:
             raise DatastoreError(f"{path} has datastore version {header.get('version')}; this mirrorsd reads {VERSION}",
                                  rebuild)
+        _check_entries(path, header, rebuild)
         if tokenizer is not None and header.get("tokenizer") != tokenizer_fingerprint(tokenizer):
             raise DatastoreError(
                 f"{path} was built for another tokenizer ({header.get('tokenizer_name')!r}); its token ids "
@@ -99,7 +100,7 @@ class Datastore:
             try:
                 tokens = np.load(path / f"{seg['name']}.tokens.npy", mmap_mode="r")
                 sa = np.load(path / f"{seg['name']}.sa.npy", mmap_mode="r")
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, EOFError) as exc:  # EOFError: a file cut to zero bytes
                 if retry and isinstance(exc, FileNotFoundError) and json.loads((path / HEADER).read_text()) != header:
                     raise _SegmentGone from None
                 raise DatastoreError(f"{path}: segment {seg['name']} is missing or truncated ({exc})", rebuild) from None
@@ -209,6 +210,24 @@ class Datastore:
         path, support = likeliest_path(np.concatenate(rows), min_share,
                                        1 if length >= unique_match else min_support)
         return Match(length, support, path)
+
+
+def _check_entries(path: Path, header: dict, rebuild: str) -> None:
+    """The header's counts are integers and each segment entry names a plain file in the folder: a name is
+    joined to the folder's path to read, merge and delete segments, so '../x' or '/x' would reach outside it."""
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not count(header.get("documents", 0)) or not count(header.get("next_segment", 0)):
+        raise DatastoreError(f"{path / HEADER}: documents and next_segment must be counts", rebuild)
+    for seg in header["segments"]:
+        if not isinstance(seg, dict) or not isinstance(seg.get("name"), str) or not count(seg.get("tokens")) \
+                or not isinstance(seg.get("appended", False), bool):
+            raise DatastoreError(f"{path / HEADER}: a segment entry is not {{name, tokens, appended}}: "
+                                 f"{str(seg)[:80]}", rebuild)
+        if not is_plain_file_name(seg["name"]):
+            raise DatastoreError(f"{path / HEADER}: segment name {seg['name'][:80]!r} is not a plain file name "
+                                 "(a datastore reads only its own folder)", rebuild)
 
 
 def _write_segment(root: Path, header: dict, tokens: np.ndarray, appended: bool) -> None:

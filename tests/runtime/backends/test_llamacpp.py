@@ -131,6 +131,25 @@ def test_a_corrupt_gguf_is_a_clear_error(tmp_path):
     assert "could not load broken.gguf" in err.value.message and "--backend torch" in err.value.hint
 
 
+def test_a_damaged_gguf_given_by_path_is_refused_on_the_first_pass(ggufs, tokenizer, tmp_path):
+    """Damage no stat record sees (a .gguf given by path is never hashed): weights overwritten with NaNs make
+    the first pass's logits NaN, and the request is refused instead of decoding token 0 over and over."""
+    from mirrorsd.errors import ModelOutputError
+
+    ids = tokenizer(PROMPT)["input_ids"]
+    expected = Engine(LlamaCppLM(ggufs["F32"], threads=1), tokenizer, None).generate(ids, max_new_tokens=4)
+    assert len(expected.token_ids) == 4  # the intact file answers
+    data = bytearray(ggufs["F32"].read_bytes())
+    middle = len(data) // 2
+    data[middle: middle + 4096] = b"\xff" * 4096  # float32 NaNs in the middle of the weights, same size
+    damaged = tmp_path / "damaged.gguf"
+    damaged.write_bytes(bytes(data))
+    for drafter in (None, NGramDrafter()):
+        engine = Engine(LlamaCppLM(damaged, threads=1), tokenizer, drafter)
+        with pytest.raises(ModelOutputError, match="NaN or infinite"):
+            engine.generate(ids, max_new_tokens=4)
+
+
 def test_a_gpu_device_on_a_cpu_only_build_is_refused_before_anything_loads(tmp_path):
     """--device cuda on a llama.cpp build without GPU offload would run on the CPU and say nothing."""
     import llama_cpp
@@ -175,3 +194,30 @@ def test_auto_picks_llamacpp_for_gguf_models_only(ggufs, tiny_folder):
 
     assert auto_backend("smollm2-135m") == "llamacpp" and auto_backend(str(ggufs["Q8_0"])) == "llamacpp"
     assert auto_backend(str(tiny_folder)) == "torch"
+
+
+def test_a_cancelled_request_stops_within_a_chunk_of_its_prompt(tokenizer, tmp_path, monkeypatch):
+    """A server's client that left during a long prefill kept the engine busy to the prefill's end: the
+    backend checks the request's cancel flag between its 512-token chunks."""
+    import threading
+
+    import llama_cpp
+
+    from mirrorsd.errors import RequestCancelled
+
+    model = tiny_llama(tokenizer, seed=0)
+    model.config.max_position_embeddings = 2048
+    lm = LlamaCppLM(write_llama_gguf(model, tmp_path / "long.gguf"), threads=1, n_ctx=2048)
+    engine = Engine(lm, tokenizer, None)
+    prompt = [int(t) % (len(tokenizer) - 10) + 5 for t in range(1500)]  # three chunks of 512
+    calls = []
+    decode = llama_cpp.llama_decode
+    monkeypatch.setattr(llama_cpp, "llama_decode", lambda *a: calls.append(1) or decode(*a))
+    cancel = threading.Event()
+    cancel.set()  # as if the client had left while the request waited
+    with pytest.raises(RequestCancelled):
+        list(engine.stream(prompt, GenerationConfig(max_new_tokens=4), cancel=cancel))
+    assert len(calls) == 1  # one chunk, not the whole prompt
+    whole = engine.generate(prompt, GenerationConfig(max_new_tokens=4))  # the engine goes on; the cache was reset
+    assert len(whole.token_ids) == 4 and len(calls) >= 1 + 3
+    assert lm.cancel is None  # the flag is the request's only

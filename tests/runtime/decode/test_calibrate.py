@@ -88,7 +88,7 @@ def test_the_verify_curve_is_measured_before_a_request_starts_and_kept_across_en
     engine = load(tiny_folder)
     stream = engine.stream("The quick brown fox", GenerationConfig(max_new_tokens=4))
     curve = verify_curve.known(engine.target)  # measured by stream(), before the request's first step
-    key = CalibrationStore.key(engine.calibration_id, CoreLayout(), "verify curve", machine_id())
+    key = CalibrationStore.key(engine.target_id, CoreLayout(), "verify curve", machine_id())  # the target's alone
     assert curve is not None and curve[0] == 1.0 and tuple(json.loads(cache.read_text())[key]) == curve
     stream.close()
     engine.close()
@@ -104,4 +104,23 @@ def test_the_verify_curve_is_measured_before_a_request_starts_and_kept_across_en
         again.prepare()
         assert verify_curve.known(again.target) != kept and json.loads(cache.read_text())[key] != bad
         again.close()
+    later.close()
+
+
+def test_a_model_free_drafter_reads_the_targets_curve_back_too(cache, tiny_folder):
+    """The curve is the target's: an engine with the n-gram drafter keeps it and reads it back across processes
+    (it measured it on every first request: a second of a cached model's first answer)."""
+    from mirrorsd import Engine
+    from mirrorsd.runtime.decode import verify_curve
+
+    first = Engine.load(target=str(tiny_folder), draft="ngram", dtype="float32")
+    first.prepare()
+    key = CalibrationStore.key(first.target_id, CoreLayout(), "verify curve", machine_id())
+    assert tuple(json.loads(cache.read_text())[key]) == verify_curve.known(first.target)
+    first.close()
+    kept = (1.0,) + tuple(1.0 + k / 9 for k in range(1, 17))
+    cache.write_text(json.dumps({key: list(kept)}))
+    later = Engine.load(target=str(tiny_folder), draft="ngram", dtype="float32")
+    later.prepare()
+    assert verify_curve.known(later.target) == kept
     later.close()

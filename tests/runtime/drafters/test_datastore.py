@@ -159,3 +159,47 @@ def test_a_header_that_is_not_a_datastore_is_a_clear_error(corpus, tokenizer, tm
     (tmp_path / "ds" / HEADER).write_text(header)
     with pytest.raises(DatastoreError, match="not a mirrorsd datastore"):
         Datastore.open(tmp_path / "ds")
+
+
+@pytest.mark.parametrize("name", ["../victim/precious", "/tmp/precious", "..", "sub/seg", "seg\\..\\x", "", ".hidden",
+                                  "seg\x00x", "a" * 200])
+def test_a_segment_name_is_a_plain_file_name_never_a_path(corpus, tokenizer, tmp_path, name):
+    """A header naming '../victim/precious' made a merge delete files outside the datastore and reads follow
+    it: a name is joined to the folder, so anything but a plain file name is refused before any file is read."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    build_datastore(corpus, tokenizer, tmp_path / "ds")
+    for kind in ("tokens", "sa"):  # a valid segment, so only the name can make the open fail
+        (victim / f"precious.{kind}.npy").write_bytes((tmp_path / "ds" / f"seg-00000.{kind}.npy").read_bytes())
+    header = json.loads((tmp_path / "ds" / HEADER).read_text())
+    header["segments"].append({**header["segments"][0], "name": name, "appended": True})
+    (tmp_path / "ds" / HEADER).write_text(json.dumps(header))
+    with pytest.raises(DatastoreError, match="plain file name"):
+        Datastore.open(tmp_path / "ds")
+    store = build_datastore(corpus, tokenizer, tmp_path / "ok")
+    (tmp_path / "ok" / HEADER).write_text(json.dumps(header))  # appends (and their merges) refuse it too
+    with pytest.raises(DatastoreError, match="plain file name"):
+        for i in range(12):
+            store.append([5, 6, 7, i])
+    assert sorted(p.name for p in victim.iterdir()) == ["precious.sa.npy", "precious.tokens.npy"]
+
+
+@pytest.mark.parametrize("change", [
+    {"documents": "5"}, {"documents": -1}, {"next_segment": 1.5}, {"next_segment": True},
+    {"segments": ["seg-00000"]}, {"segments": [{"name": 7, "tokens": 3}]}, {"segments": [{"name": "seg-00000"}]},
+    {"segments": [{"name": "seg-00000", "tokens": "3"}]}, {"segments": [{"name": "seg-00000", "tokens": 3,
+                                                                         "appended": "no"}]},
+])
+def test_a_header_entry_of_the_wrong_type_is_a_datastore_error(corpus, tokenizer, tmp_path, change):
+    build_datastore(corpus, tokenizer, tmp_path / "ds")
+    header = json.loads((tmp_path / "ds" / HEADER).read_text())
+    (tmp_path / "ds" / HEADER).write_text(json.dumps({**header, **change}))
+    with pytest.raises(DatastoreError):
+        Datastore.open(tmp_path / "ds")
+
+
+def test_a_segment_cut_to_zero_bytes_is_a_datastore_error(corpus, tokenizer, tmp_path):
+    build_datastore(corpus, tokenizer, tmp_path / "ds")
+    (tmp_path / "ds" / "seg-00000.sa.npy").write_bytes(b"")
+    with pytest.raises(DatastoreError, match="missing or truncated"):
+        Datastore.open(tmp_path / "ds")
