@@ -242,6 +242,8 @@ def _speculation(stats: dict) -> str:
             "tokens per step")
     if stats.get("pipeline", "off") != "off":
         text += f", {_pipeline(stats)}"
+    if stats.get("estimated_speedup"):
+        text += f", ~{stats['estimated_speedup']:.2f}x plain decoding (est. from the verify-cost curve)"
     if stats.get("exact") is False:
         text += " (inexact backend: verify passes not batch-invariant)"
     return text

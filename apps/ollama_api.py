@@ -21,6 +21,8 @@ from datetime import datetime, timedelta, timezone
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from mirrorsd.apps.chat_session import describe_error
+from mirrorsd.apps.serve_requests import CANCELLED, OpenAIError, collect, first_non_text, json_depth
 from mirrorsd.backends import ModelFacts, model_facts
 from mirrorsd.config import GenerationConfig
 from mirrorsd.errors import MirrorsdError
@@ -51,8 +53,6 @@ class OllamaError(Exception):
 
 
 def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
-    from mirrorsd.apps.server import OpenAIError, _collect, first_non_text, json_depth
-
     facts = model_facts(engine.target)  # read once: a loaded model's facts do not change
 
     def check_model(name) -> None:
@@ -83,7 +83,7 @@ def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
         reply = Reply(model_id, chat, ids, tools_active=config.grammar is not None)
         if body.get("stream", True):
             return StreamingResponse(_lines(job, reply), media_type="application/x-ndjson")
-        return await _whole(job, request, reply, _collect)
+        return await _whole(job, request, reply)
 
     @app.exception_handler(OllamaError)
     async def _ollama_error(request, exc: OllamaError):
@@ -254,7 +254,7 @@ def _final(result: GenerationResult, reply: Reply, text: str) -> dict:
     return out
 
 
-async def _whole(job, request: Request, reply: Reply, collect):
+async def _whole(job, request: Request, reply: Reply):
     try:
         result = await collect(job, request)
     finally:
@@ -266,9 +266,6 @@ async def _whole(job, request: Request, reply: Reply, collect):
 
 async def _lines(job, reply: Reply) -> AsyncIterator[str]:
     """NDJSON as ollama streams it: one object per piece of text, then the final one with the counts."""
-    from mirrorsd.apps.chat_session import describe_error
-    from mirrorsd.apps.server import _CANCELLED
-
     def piece(text: str) -> str:
         body = {"message": {"role": "assistant", "content": text}} if reply.chat else {"response": text}
         return json.dumps({"model": reply.model_id, "created_at": _now(), **body, "done": False}) + "\n"
@@ -283,7 +280,7 @@ async def _lines(job, reply: Reply) -> AsyncIterator[str]:
             if isinstance(item, FinishEvent):
                 text = item.result.text if reply.tools_active else item.text
                 yield json.dumps(_final(item.result, reply, text)) + "\n"
-            elif item is _CANCELLED:
+            elif item is CANCELLED:
                 yield json.dumps({"error": "the request was cancelled" + (
                     " (the server is shutting down)" if job.shutdown else "")}) + "\n"
             elif isinstance(item, Exception):

@@ -14,7 +14,7 @@ from mirrorsd.export_format import TOKENIZER_DIR
 from mirrorsd.exporters.decoder import model_dims
 from mirrorsd.exporters.manifest import write_manifest
 from mirrorsd.exporters.phases import PhaseLog, quiet_tools
-from mirrorsd.exporters.validate import Limits
+from mirrorsd.exporters.validate import PROMPTS, Limits
 
 ROLES = ("draft", "target")
 ROLE_ALIASES = {"verifier": "target"}  # the earlier spelling, still accepted
@@ -22,14 +22,6 @@ FORMATS = ("onnx", "coreml")
 PROFILES = ("npu", "dynamic")
 PRECISIONS = ("fp32", "fp16")
 QUANTS = ("none", "int8", "int4", "gguf")
-
-# Text the exports are calibrated and validated on: code, prose, chat, JSON (short, so it is fast).
-PROMPTS = [
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "The quick brown fox jumps over the lazy dog. Speculative decoding lets a small model",
-    "import numpy as np\n\nfor i in range(10):\n    print(i * 2)\n",
-    '{"name": "mirrorsd", "version": 1, "tokens": [1, 2, 3], "fast": true}',
-]
 
 
 def _check_options(role: str, fmt: str, profile: str, precision: str, quant: str, max_context: int,

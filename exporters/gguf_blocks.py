@@ -158,7 +158,7 @@ def carry_gguf_blocks(src: Path, dst: Path, gguf_path: Path) -> dict:
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
     from mirrorsd.errors import ExportError
-    from mirrorsd.exporters.onnx_export import save_external
+    from mirrorsd.exporters.onnx_files import save_external
 
     model = onnx.load(str(src), load_external_data=False)  # weights read one at a time (a 1.5b is 7 GB)
     graph = model.graph

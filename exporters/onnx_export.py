@@ -22,6 +22,7 @@ import torch
 
 from mirrorsd.export_format import block_mask, io_names
 from mirrorsd.exporters.decoder import ExplicitCacheDecoder
+from mirrorsd.exporters.onnx_files import save_external
 from mirrorsd.exporters.phases import PhaseLog
 
 OPSET = 18
@@ -50,18 +51,6 @@ def export_graph(decoder: ExplicitCacheDecoder, path: Path, block: int | None, c
         program = torch.onnx.export(decoder, args, dynamo=True, opset_version=OPSET, input_names=inputs,
                                     output_names=outputs, dynamic_shapes=dynamic, optimize=True, verbose=False)
     program.save(str(path), external_data=True)
-
-
-def save_external(model_proto, path: Path) -> None:
-    """Save an ONNX model with its weights in `<name>.data` beside it (always: > 2 GB models need it)."""
-    import onnx
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = path.name + ".data"
-    if (path.parent / data).exists():
-        os.remove(path.parent / data)
-    onnx.save_model(model_proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data, size_threshold=1024)
 
 
 def to_fp16(src: Path, dst: Path) -> None:

@@ -20,6 +20,14 @@ import torch
 
 from mirrorsd.errors import ExportError
 
+# Text the exports are calibrated and validated on: code, prose, chat, JSON (short, so it is fast).
+PROMPTS = [
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "The quick brown fox jumps over the lazy dog. Speculative decoding lets a small model",
+    "import numpy as np\n\nfor i in range(10):\n    print(i * 2)\n",
+    '{"name": "mirrorsd", "version": 1, "tokens": [1, 2, 3], "fast": true}',
+]
+
 ATOL = 5e-4
 """fp32 runtimes sum in different orders on different CPUs: the real smollm2-135m (30 layers) came within
 1e-4 of PyTorch on an AMD EPYC and 1.4e-4 on an AVX-512 Xeon; a wrong graph is off by orders more."""
@@ -58,7 +66,6 @@ def validate_export(folder: str | Path, model=None, tokenizer=None, target=None,
                     continuation: int = CONTINUATION, limits: Limits = Limits()) -> dict:
     """Compare an export with its PyTorch model; returns the report: report["passed"] says it all,
     report["checks"] says which check measured what against which threshold."""
-    from mirrorsd.exporters.export import PROMPTS
     from mirrorsd.export_format import read_manifest
 
     folder = Path(folder)
@@ -112,7 +119,6 @@ def validate_export(folder: str | Path, model=None, tokenizer=None, target=None,
 
 def _acceptance(lm, manifest: dict, target, tokenizer) -> float | None:
     """Greedy acceptance rate of the export drafting for `target` over the validation prompts (K = 4)."""
-    from mirrorsd.exporters.export import PROMPTS
     from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
     from mirrorsd.runtime.drafters.model import ModelDrafter
     from mirrorsd.runtime.replay import AcceptanceCounts, greedy_continuation, replay_acceptance

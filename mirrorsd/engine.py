@@ -24,8 +24,9 @@ from mirrorsd.runtime.backends import load_lm
 from mirrorsd.runtime.backends.base import PrefixCachedLM
 from mirrorsd.runtime.decode import verify_curve
 from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs, calibrate
+from mirrorsd.runtime.decode.loop import run_plan
+from mirrorsd.runtime.decode.plan import DecodePlan, make_plan
 from mirrorsd.runtime.decode.schedule import uses_cost_schedule
-from mirrorsd.runtime.decode.plan import DecodePlan, make_plan, run_plan
 from mirrorsd.runtime.decode.step import StepCore
 from mirrorsd.runtime.decode.threads import CoreLayout, cpu_draft_threads, overlap_threads, pinned
 from mirrorsd.runtime.drafters.chain import ChainDrafter
@@ -374,7 +375,8 @@ class Engine:
         cached = min(self.target.cached_prefix(ids), len(ids) - 1)
         return StatsRecorder(timeline, prompt_tokens=len(ids), cached_prompt_tokens=cached, pipeline=plan.mode,
                              backend=self.target.backend, chain=chain,
-                             exact=self.drafter is None or self.target.exact_batches)
+                             exact=self.drafter is None or self.target.exact_batches,
+                             verify_curve=verify_curve.known(self.target) or ())
 
     def _learn_from(self, ids: list[int], reply: "_Reply") -> None:
         """A learning drafter (a datastore) takes in a finished reply; learning is best-effort."""

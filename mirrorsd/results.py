@@ -61,6 +61,8 @@ class GenerationStats:
     branch_plans_late: int = 0  # hinted steps whose plan had not reached the target when it reconciled
     branch_states: dict[str, int] = field(default_factory=dict)  # hinted rejections by the state of the
     # branch for their actual outcome at reconcile: ready, drafting, queued (planned, not started), none
+    verify_curve: tuple[float, ...] = ()  # the target's measured pass cost for K drafted tokens, in decode
+    # steps (index K; runtime/decode/verify_curve.py); () where it was not measured
 
     @property
     def tokens_per_second(self) -> float:
@@ -101,6 +103,30 @@ class GenerationStats:
     def verify_idle_s(self) -> float:
         """Time the target waited: for drafts, and for the caller between tokens."""
         return max(0.0, self.total_time_s - self.verify_time_s)
+
+    @property
+    def estimated_speedup(self) -> float | None:
+        """The reply's decode time against plain decoding's, estimated from this request's own verify time:
+        its passes' cost in decode steps (each pass over K drafted tokens costs verify_curve[K]) gives the
+        time of one decode step here, and plain decoding would take one step per token after the first.
+        None without a measured curve or with nothing decoded after the prompt."""
+        after_prompt = self.verify_steps - 1
+        decode_s = self.total_time_s - self.prompt_time_s
+        if not self.verify_curve or after_prompt <= 0 or decode_s <= 0 or self.generated_tokens < 2:
+            return None
+        drafted = (*self.per_position_drafted, 0)
+        units = after_prompt - drafted[0]  # plain steps: one decode step each
+        for k in range(1, len(drafted)):
+            units += (drafted[k - 1] - drafted[k]) * self._pass_cost(k)
+        step_s = (self.verify_time_s - self.prompt_time_s) / units if units > 0 else 0.0
+        return round((self.generated_tokens - 1) * step_s / decode_s, 3) if step_s > 0 else None
+
+    def _pass_cost(self, k: int) -> float:
+        curve = self.verify_curve
+        if k < len(curve):
+            return curve[k]
+        slope = curve[-1] - curve[-2] if len(curve) > 1 else 1.0  # past the measured range: its last slope
+        return curve[-1] + (k - len(curve) + 1) * max(slope, 0.0)
 
     @property
     def branch_hit_rate(self) -> float | None:
@@ -174,6 +200,7 @@ class GenerationStats:
             draft_idle_s=self.draft_idle_s,
             verify_idle_s=self.verify_idle_s,
             branch_hit_rate=self.branch_hit_rate,
+            estimated_speedup=self.estimated_speedup,
             branch_coverage=self.branch_coverage,
             branches_ready_share=self.branches_ready_share,
         )

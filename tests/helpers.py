@@ -92,3 +92,15 @@ CLI = [sys.executable, "-m", "mirrorsd"]
 def run(*args, env=None):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+def decode_steps(target, drafter, prompt_ids, config, max_new_tokens: int, mode: str = "branches"):
+    """A request's steps as the engine runs them (make_plan for `mode`, a StepCore, run_plan), for tests that
+    look at single steps below the engine."""
+    from mirrorsd.runtime.decode.loop import run_plan
+    from mirrorsd.runtime.decode.plan import make_plan
+    from mirrorsd.runtime.decode.step import StepCore
+
+    plan = make_plan(target, drafter, config, mode)
+    core = StepCore(target, prompt_ids, config, max_new_tokens, overlapped=plan.mode != "off")
+    return run_plan(core, drafter, None, plan)

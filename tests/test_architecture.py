@@ -102,6 +102,80 @@ def test_the_decode_loops_know_backends_and_drafters_only_by_their_protocols(pat
     assert not bad, f"{path.name} imports {bad}"
 
 
+MODULE_ROOTS = {"mirrorsd": "mirrorsd", "runtime": "mirrorsd.runtime", "apps": "mirrorsd.apps",
+                "devices": "mirrorsd.devices", "exporters": "mirrorsd.exporters"}
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each of our modules -> the modules of ours it imports, at module level or inside a function alike (an
+    import inside a function hides a cycle from Python, not from a reader)."""
+    paths = {}
+    for folder, package in MODULE_ROOTS.items():
+        for path in sources(folder):
+            parts = [p for p in path.relative_to(ROOT / folder).with_suffix("").parts if p != "__init__"]
+            paths[".".join([package, *parts])] = path
+    graph = {}
+    for name, path in paths.items():
+        found = set()
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+                for alias in node.names:
+                    found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base)
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+        graph[name] = (found & set(paths)) - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root), on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt), on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles():
+    graph = module_graph()
+    assert "mirrorsd.runtime.decode.loop" in graph and "mirrorsd.apps.server" in graph
+    assert cycles(graph) == []
+    # the check finds one where there is one
+    assert cycles({**graph, "mirrorsd.runtime.decode.plan": graph["mirrorsd.runtime.decode.plan"] | {
+        "mirrorsd.engine"}}) != []
+
+
 DECODE_PATH = [*sources("runtime/decode"), ROOT / "mirrorsd" / "engine.py", ROOT / "mirrorsd" / "text_stream.py",
                ROOT / "mirrorsd" / "rejection.py"]  # the accept rule is part of the step
 

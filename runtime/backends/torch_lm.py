@@ -33,6 +33,11 @@ reads as next-token logits (no soft-capping or scaled embeddings in between)."""
 class TorchCausalLM(PrefixCachedLM):
     """CausalLM on torch. `model` is the transformers module (None after close())."""
 
+    prefill_chunk = 512
+    """Prompt tokens fed per pass before the last pass (whose rows are the ones asked for): the request's cancel
+    flag is checked between them. With the batch-invariant kernels a row's logits and keys do not depend on
+    the pass it is in, so chunking changes nothing there; elsewhere it is simply how this backend prefills."""
+
     def __init__(self, model: PreTrainedModel, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.model = model.eval()
@@ -84,6 +89,13 @@ class TorchCausalLM(PrefixCachedLM):
     def _feed(self, new: list[int], rows: int, exit_request: ExitRequest | None = None) -> torch.Tensor:
         if self._cache is None:
             self._cache = DynamicCache(config=self.model.config)
+        while len(new) - rows > self.prefill_chunk:  # a long prompt in chunks: a cancelled request stops early
+            self._forward(new[:self.prefill_chunk], 1, None)
+            new = new[self.prefill_chunk:]
+            self.check_cancel()
+        return self._forward(new, rows, exit_request)
+
+    def _forward(self, new: list[int], rows: int, exit_request: ExitRequest | None) -> torch.Tensor:
         input_ids = torch.tensor([new], dtype=torch.long, device=self.device)  # [1, n_new]
         hook = self._exit_hook(exit_request, rows) if exit_request else None
         try:

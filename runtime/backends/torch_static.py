@@ -142,10 +142,14 @@ class StaticTorchLM(PrefixCachedLM):
         head = max(0, len(new) - rows) if self.prefill_rows else 0
         wide = self._passes[self.prefill_rows or self.rows]
         for i in range(0, head - head % wide.n, wide.n):  # whole wide chunks of the prompt; logits unused
+            if i:
+                self.check_cancel()  # a long prompt stops within a chunk of its client leaving
             wide.run(new[i:i + wide.n], start + i)
         done = head - head % wide.n
         step = self._passes[self.rows]
         for i in range(done, len(new), step.n):
+            if i and i < len(new) - rows:
+                self.check_cancel()  # still in the prompt: a long one stops within a pass of its client leaving
             logits = step.run(new[i:i + step.n], start + i)
             first = max(0, len(new) - rows - i)  # rows of this chunk that are wanted
             if first < logits.shape[0]:

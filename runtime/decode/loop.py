@@ -16,14 +16,13 @@ Providers differ only in where a draft comes from and when:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Protocol
 
-from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, HintOutcome, Step
+from mirrorsd.contracts import Draft, Drafter, ExitRequest, HintOutcome, Step
+from mirrorsd.runtime.decode.pipeline import PipelinedProvider
+from mirrorsd.runtime.decode.plan import DecodePlan
 from mirrorsd.runtime.decode.step import CheckedDrafter, Outcome, StepCore, make_step
-from mirrorsd.runtime.timeline import Timeline
-from mirrorsd.structured import GrammarConstraint
 
 
 class DraftProvider(Protocol):
@@ -85,13 +84,11 @@ class InlineProvider:
         self.drafting.close()
 
 
-def speculative_decode(target: CausalLM, drafter: Drafter | None, prompt_ids: Sequence[int],
-                       config: GenerationConfig, max_new_tokens: int, timeline: Timeline | None = None,
-                       helper: Drafter | None = None, constraint: GrammarConstraint | None = None,
-                       draft_core: int | None = None) -> Iterator[Step]:
-    """The loop with an InlineProvider ("off"). constraint: the request's grammar (structured output):
-    drafts stop at a forbidden token and the target's distribution is the grammar-masked one. draft_core: the
-    CPU core the drafter runs on (a pinned CoreLayout)."""
-    core = StepCore(target, prompt_ids, config, max_new_tokens, timeline, constraint=constraint)
-    yield from decode(core, InlineProvider(core, drafter, helper, draft_core))  # a generator: nothing starts
-    # (no drafter thread) until the caller asks for the first step
+def run_plan(core: StepCore, drafter: Drafter | None, helper: Drafter | None, plan: DecodePlan) -> Iterator[Step]:
+    """The request's steps: the loop with the provider the plan names (a generator: no thread starts before
+    the caller asks for the first step)."""
+    if plan.mode == "off":
+        provider = InlineProvider(core, drafter, helper, plan.draft_core)
+    else:
+        provider = PipelinedProvider(core, drafter, helper, plan)
+    yield from decode(core, provider)

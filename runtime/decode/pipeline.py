@@ -1,7 +1,7 @@
 """The Mirror-SD two-queue pipeline: drafting overlaps verification.
 
 Two workers, each owning its device: the **draft worker** (worker.py, a thread that owns the drafter)
-and the **verify worker** (the thread iterating `pipelined_decode`, which owns the target). They talk
+and the **verify worker** (the thread iterating the loop with a PipelinedProvider, which owns the target). They talk
 through two queues and pass only token ids, a few top-k log-probs and draft distributions.
 
 The draft worker keeps a *lookahead* drafted as if every step were fully accepted: while the target
@@ -36,50 +36,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import replace
 
-from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import CausalLM, Draft, Drafter, ExitRequest, HintOutcome, Step
+from mirrorsd.contracts import Draft, Drafter, ExitRequest, HintOutcome
 from mirrorsd.runtime.decode.branches import Hint
 from mirrorsd.runtime.decode.estimates import AcceptanceEstimate, Ema
 from mirrorsd.runtime.decode.lookahead import Lookahead, StepBranches, drain, fill
-from mirrorsd.runtime.decode.loop import decode
-from mirrorsd.runtime.decode.plan import DecodePlan, make_plan
+from mirrorsd.runtime.decode.plan import DecodePlan
 from mirrorsd.runtime.decode.step import CheckedDrafter, Outcome, StepCore, drop_message
 from mirrorsd.runtime.decode.threads import CoreSharing
 from mirrorsd.runtime.decode.worker import Advance, DraftWorker, Rebase
-from mirrorsd.runtime.timeline import Timeline
-from mirrorsd.structured import GrammarConstraint
 
 log = logging.getLogger("mirrorsd")
-
-def pipelined_decode(
-    target: CausalLM,
-    drafter: Drafter | None,
-    prompt_ids: Sequence[int],
-    config: GenerationConfig,
-    max_new_tokens: int,
-    *,
-    branches: bool = True,
-    helper: Drafter | None = None,
-    timeline: Timeline | None = None,
-    threads: tuple[int, int] | None = None,
-    constraint: GrammarConstraint | None = None,
-    draft_core: int | None = None,
-) -> Iterator[Step]:
-    """The loop (loop.decode: same Steps, same output as with the pipeline off) with drafting on a second worker.
-
-    branches: use Mirror-SD early-exit branches when the target declares early exit.
-    helper: a cheap drafter run inline per step where it pays, and for good once the pipelined one
-    is dropped (e.g. n-gram). threads: (verify, draft) CPU threads when both share the CPU.
-    constraint: the request's grammar (structured output), if any. draft_core: the CPU core the draft side
-    (the worker and the helper) runs on (a pinned CoreLayout); threads is then None."""
-    core = StepCore(target, prompt_ids, config, max_new_tokens, timeline, overlapped=True, constraint=constraint)
-    plan = replace(make_plan(target, drafter, config, "branches" if branches else "overlap"), threads=threads,
-                   draft_core=draft_core)
-    yield from decode(core, PipelinedProvider(core, drafter, helper, plan))
-
 
 class PipelinedProvider:
     """The verify worker's side of one request (a loop.DraftProvider): the draft worker and the lookahead it

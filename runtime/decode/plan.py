@@ -8,14 +8,11 @@ CoreLayout pins them (a benchmark's separate compute). Nothing below the plan de
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import CausalLM, Drafter, Step
+from mirrorsd.contracts import CausalLM, Drafter
 from mirrorsd.errors import ConfigError
-from mirrorsd.runtime.decode.loop import InlineProvider, decode
-from mirrorsd.runtime.decode.step import StepCore
 from mirrorsd.runtime.decode.threads import CoreLayout, overlap_threads
 
 
@@ -48,18 +45,6 @@ def make_plan(target: CausalLM, drafter: Drafter | None, config: GenerationConfi
         exit_layer = config.early_exit_layer or default_exit_layer(layers)
     threads = None if cores.pinned else overlap_threads(target, drafter)
     return DecodePlan("branches" if source else "overlap", source, exit_layer, threads, draft_core)
-
-
-def run_plan(core: StepCore, drafter: Drafter | None, helper: Drafter | None, plan: DecodePlan) -> Iterator[Step]:
-    """The request's steps: the loop with the provider the plan names (a generator: no thread starts before
-    the caller asks for the first step)."""
-    from mirrorsd.runtime.decode.pipeline import PipelinedProvider
-
-    if plan.mode == "off":
-        provider = InlineProvider(core, drafter, helper, plan.draft_core)
-    else:
-        provider = PipelinedProvider(core, drafter, helper, plan)
-    yield from decode(core, provider)
 
 
 def branch_source(target: CausalLM, drafter: Drafter | None, config: GenerationConfig) -> str | None:

@@ -248,3 +248,17 @@ def test_keys_typed_during_a_reply_are_not_echoed_into_it():
         os.close(child)
     with quiet_input(io.StringIO()):  # not a terminal: nothing to do
         pass
+
+
+def test_the_stats_line_gives_the_speedup_estimate_only_where_there_is_one():
+    from mirrorsd.apps.chat_session import stats_line
+    from mirrorsd.results import GenerationStats
+
+    stats = GenerationStats(verify_steps=5, generated_tokens=10, per_position_drafted=(2, 2, 2),
+                            per_position_accepted=(2, 1, 0), drafted_tokens=6, accepted_tokens=3,
+                            drafters={"ngram": 2, "none": 3}, verify_curve=(1.0, 1.2, 1.3, 1.5),
+                            verify_time_s=0.7, prompt_time_s=0.2, total_time_s=0.8)
+    assert "~1.50x plain decoding (est. from the verify-cost curve)" in stats_line(stats.to_dict())
+    plain = GenerationStats(verify_steps=5, generated_tokens=5, drafters={"none": 5}, verify_curve=(1.0, 1.2),
+                            verify_time_s=0.5, prompt_time_s=0.1, total_time_s=0.5)
+    assert "plain decoding (est." not in stats_line(plain.to_dict())  # no drafts: no speedup claimed

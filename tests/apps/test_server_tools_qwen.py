@@ -14,6 +14,7 @@ import pytest
 from mirrorsd import Engine, catalog
 from mirrorsd.apps.server import BackgroundServer, ServerLimits, create_app
 
+pytestmark = pytest.mark.integration
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend is in the test extra: bash scripts/setup.sh installs it")
 
 MODEL = "qwen2.5-coder-0.5b"

@@ -87,3 +87,32 @@ def test_drafted_by_names_what_drafted_and_drafting_share_how_often(drafters, ch
     stats = GenerationStats(verify_steps=sum(drafters.values()), drafters=drafters, chain=chain)
     assert (stats.drafted_by, stats.drafting_share) == (drafted_by, share)
     assert stats.to_dict()["drafted_by"] == drafted_by
+
+
+def test_estimated_speedup_weighs_each_pass_by_the_verify_curve():
+    """1 prompt pass + 2 plain steps + 2 passes over 3 drafted tokens (1.5 steps each): 5 decode-step units in
+    0.5 s of verify time after the prompt, so a step is 0.1 s; 9 tokens after the first would take plain decoding
+    0.9 s against the 0.6 s the reply took."""
+    stats = GenerationStats(verify_steps=5, generated_tokens=10, per_position_drafted=(2, 2, 2),
+                            verify_curve=(1.0, 1.2, 1.3, 1.5), verify_time_s=0.7, prompt_time_s=0.2,
+                            total_time_s=0.8)
+    assert stats.estimated_speedup == 1.5
+    assert stats.to_dict()["estimated_speedup"] == 1.5
+    # a draft longer than the measured curve costs its last slope per token beyond it
+    assert GenerationStats(verify_curve=(1.0, 1.2, 1.3, 1.5))._pass_cost(5) == pytest.approx(1.9)
+
+
+@pytest.mark.parametrize("changes", [dict(verify_curve=()), dict(verify_steps=1), dict(generated_tokens=1)])
+def test_no_speedup_estimate_without_a_curve_or_a_decoded_token(changes):
+    base = dict(verify_steps=5, generated_tokens=10, per_position_drafted=(2, 2, 2), verify_curve=(1.0, 1.2, 1.3, 1.5),
+                verify_time_s=0.7, prompt_time_s=0.2, total_time_s=0.8)
+    assert GenerationStats(**{**base, **changes}).estimated_speedup is None
+
+
+def test_a_prepared_engine_reports_its_speedup_estimate(target_model, tokenizer):
+    engine = Engine(target_model, tokenizer, NGramDrafter())
+    engine.eos_ids = frozenset()
+    engine.prepare(GenerationConfig(max_new_tokens=30))
+    stats = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=30)).stats
+    assert len(stats.verify_curve) > 1 and stats.verify_curve[0] == 1.0
+    assert stats.estimated_speedup is not None and stats.estimated_speedup > 0

@@ -174,3 +174,21 @@ def test_the_torch_static_backend_loads_a_folder_and_keeps_its_verdict(tiny_fold
     assert not load_lm(str(tiny_folder), "torch-static", device="cpu").lm.exact_batches
     draft = load_lm(str(tiny_folder), "torch-static", device="cpu", role="draft").lm
     assert draft.rows == 1 and not draft.exact_batches
+
+
+def test_a_cancelled_request_stops_within_a_chunk_of_its_prompt():
+    import threading
+
+    from mirrorsd.errors import RequestCancelled
+
+    lm = StaticTorchLM(family_model("llama"), "cpu")
+    passes = []
+    run = lm._passes[lm.rows].run
+    lm._passes[lm.rows].run = lambda ids, start: passes.append(len(ids)) or run(ids, start)
+    lm.cancel = threading.Event()
+    lm.cancel.set()
+    with pytest.raises(RequestCancelled):
+        lm.score(list(TOKENS[:100]), [])
+    assert passes == [lm.rows]  # one chunk of the prompt, not its 100 tokens
+    lm.cancel = None
+    assert lm.score(list(TOKENS[:100]), []).shape[0] == 1

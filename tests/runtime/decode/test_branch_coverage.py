@@ -14,10 +14,9 @@ from mirrorsd.errors import ConfigError
 from mirrorsd.results import StatsRecorder
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.runtime.decode.branches import Hint, plan_branches
-from mirrorsd.runtime.decode.pipeline import pipelined_decode
 from mirrorsd.runtime.drafters import ModelDrafter, NGramDrafter
 from drafters_for_tests import RandomTokenDrafter
-from helpers import PROMPTS, hf_greedy
+from helpers import PROMPTS, decode_steps, hf_greedy
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +26,7 @@ def expected(target_model, tokenizer):
 
 def hinted_steps(target_model, drafter, tokenizer, prompt, cfg) -> tuple[list[int], list[Step]]:
     ids = tokenizer(prompt)["input_ids"]
-    steps = list(pipelined_decode(TorchCausalLM(target_model), drafter, ids, cfg, cfg.max_new_tokens))
+    steps = list(decode_steps(TorchCausalLM(target_model), drafter, ids, cfg, cfg.max_new_tokens))
     return ids, steps
 
 

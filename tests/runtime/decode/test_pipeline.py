@@ -17,7 +17,7 @@ from mirrorsd.runtime.decode.schedule import DraftLengthSchedule
 from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, ModelDrafter
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from drafters_for_tests import FailingDrafter, RandomTokenDrafter
-from helpers import PROMPTS, hf_greedy
+from helpers import PROMPTS, decode_steps, hf_greedy
 
 MODES = ["off", "overlap", "branches"]
 
@@ -402,14 +402,13 @@ def test_a_step_after_a_miss_verifies_the_first_fresh_tokens_without_waiting_for
     fresh_k = K it waits for all four. Every other step carries K. Output unchanged either way."""
     from mirrorsd.runtime.decode import policy as step_core
     from mirrorsd.runtime.decode.gate import SpeculationGate
-    from mirrorsd.runtime.decode.pipeline import pipelined_decode
 
     monkeypatch.setattr(step_core, "make_schedule", lambda config, overlapped=False, curve=None: FreshK(config, fresh_k))
     monkeypatch.setattr(step_core, "SpeculationGate", lambda **kw: SpeculationGate(enabled=False))  # every step drafts
     cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=4, adaptive_k=False)
     drafter = SlowPastTheFirstFreshToken(TorchCausalLM(other_model))
     prompt = tokenizer(PROMPTS[0])["input_ids"]
-    steps = list(pipelined_decode(TorchCausalLM(target_model), drafter, prompt, cfg, 40))
+    steps = list(decode_steps(TorchCausalLM(target_model), drafter, prompt, cfg, 40))
     assert [t for s in steps for t in s.tokens] == expected[PROMPTS[0]]
     done = [sum(len(s.tokens) for s in steps[:i]) for i in range(len(steps))]
     # steps after a rejection, where the request's budget still allowed K = 4
@@ -423,20 +422,18 @@ def test_a_step_after_a_miss_verifies_the_first_fresh_tokens_without_waiting_for
 def test_the_first_step_prefills_the_target_while_the_worker_drafts(target_model, other_model, tokenizer, expected):
     """Overlapped with the cost-aware schedule, the request's first step verifies no draft (the prompt prefill
     runs beside the draft's); the inline loop and seeded sampling draft at once, as before."""
-    from mirrorsd.runtime.decode.pipeline import pipelined_decode
-    from mirrorsd.runtime.decode.loop import speculative_decode
 
     prompt = tokenizer(PROMPTS[0])["input_ids"]
     cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=4)
     draft = lambda: ModelDrafter(TorchCausalLM(other_model))  # noqa: E731
-    steps = list(pipelined_decode(TorchCausalLM(target_model), draft(), prompt, cfg, 40))
+    steps = list(decode_steps(TorchCausalLM(target_model), draft(), prompt, cfg, 40))
     assert [t for s in steps for t in s.tokens] == expected[PROMPTS[0]]
     assert steps[0].n_drafted == 0 and len(steps[0].tokens) == 1 and steps[0].source == "none"
     assert any(s.n_drafted > 0 for s in steps[1:])
-    sequential = list(speculative_decode(TorchCausalLM(target_model), draft(), prompt, cfg, 40))
+    sequential = list(decode_steps(TorchCausalLM(target_model), draft(), prompt, cfg, 40, mode="off"))
     assert sequential[0].n_drafted == 4
     seeded = GenerationConfig(max_new_tokens=10, num_draft_tokens=4, temperature=0.8, seed=1)
-    run = pipelined_decode(TorchCausalLM(target_model), draft(), prompt, seeded, 10)
+    run = decode_steps(TorchCausalLM(target_model), draft(), prompt, seeded, 10)
     first = next(run)
     run.close()  # stops the draft worker
     assert first.n_drafted == 4
@@ -469,7 +466,7 @@ def test_the_worker_drafts_ahead_for_the_k_the_schedule_picks_after_the_step(
                         ahead.append(limit - len(committed)) or rebase(e, committed, tokens, limit, *a))
     cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=2)
     prompt = tokenizer(PROMPTS[0])["input_ids"]
-    steps = list(pipeline.pipelined_decode(TorchCausalLM(target_model), ModelDrafter(TorchCausalLM(other_model)),
+    steps = list(decode_steps(TorchCausalLM(target_model), ModelDrafter(TorchCausalLM(other_model)),
                                            prompt, cfg, 40))
     assert [t for s in steps for t in s.tokens] == expected[PROMPTS[0]]
     assert ahead[:5] == [5, 9, 13, 17, 17]  # the request's start (K = 2), then after steps 1-4 (K = 4, 6, 8, 8)
@@ -488,7 +485,7 @@ def test_while_the_target_prefills_alone_the_worker_drafts_for_the_largest_k(
                         ahead.append(limit - len(committed)) or rebase(e, committed, tokens, limit, *a))
     cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=2, max_draft_tokens=6)
     prompt = tokenizer(PROMPTS[0])["input_ids"]
-    steps = list(pipeline.pipelined_decode(TorchCausalLM(target_model), ModelDrafter(TorchCausalLM(other_model)),
+    steps = list(decode_steps(TorchCausalLM(target_model), ModelDrafter(TorchCausalLM(other_model)),
                                            prompt, cfg, 40))
     assert [t for s in steps for t in s.tokens] == expected[PROMPTS[0]]
     assert ahead[0] == 2 * 6 + 1 and steps[0].n_drafted == 0
