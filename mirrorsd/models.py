@@ -119,6 +119,28 @@ def is_gguf(spec: str) -> bool:
     return spec in catalog.CATALOG or Path(spec).suffix == ".gguf" or spec.startswith(LOCAL_PREFIXES)
 
 
+GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def load_tokenizer(folder: str | Path):
+    """What AutoTokenizer loads from `folder`. Where the folder names transformers' generic tokenizers backend
+    (the catalog's tokenizer folders do), that class is loaded directly: AutoTokenizer's first use imports the
+    module index of every model transformers knows, about half a second of a command's start."""
+    import json
+
+    try:
+        named = json.loads((Path(folder) / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        named = None
+    if named in GENERIC_TOKENIZERS:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(folder)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
 def load_model(spec: str, device: torch.device, dtype: torch.dtype, progress: bool = False):
     """(model, tokenizer) for a model argument, on `device` in `dtype`, in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

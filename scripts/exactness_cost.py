@@ -9,8 +9,8 @@ configuration, and a 256-token prefill; medians of alternating rounds. Writes a 
 - onnx: ONNX Runtime's CPU provider, the export graph without the spare row (as a dynamic-profile draft is
   exported) vs the verifier's graph with it, per weight form (--quants).
 
-    .venv/bin/python scripts/exactness_cost.py --backend torch --model smollm2-135m --out docs/exactness/torch-smollm2-135m.md
-    .venv/bin/python scripts/exactness_cost.py --backend onnx --model smollm2-135m --out docs/exactness/onnx-smollm2-135m.md
+    .venv/bin/python scripts/exactness_cost.py --backend torch --model smollm2-135m --out docs/results/exactness/torch-smollm2-135m.md
+    .venv/bin/python scripts/exactness_cost.py --backend onnx --model smollm2-135m --out docs/results/exactness/onnx-smollm2-135m.md
 """
 
 from __future__ import annotations

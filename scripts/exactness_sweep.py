@@ -5,7 +5,7 @@ mode and compares the tokens with the same engine's target-only decoding, token 
 on any divergence. Prints one line per drafter x mode and a summary table (markdown).
 
     .venv/bin/python scripts/exactness_sweep.py --target qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b \\
-        --max-new-tokens 96 --out docs/exactness/sweep-qwen2.5-coder-1.5b.md
+        --max-new-tokens 96 --out docs/results/exactness/sweep-qwen2.5-coder-1.5b.md
     .venv/bin/python scripts/exactness_sweep.py --target smollm2-135m --max-new-tokens 512 --prompts 4
 """
 

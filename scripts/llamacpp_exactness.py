@@ -6,7 +6,7 @@ on/off) this loads the GGUF once, checks batch invariance (runtime/backends/inva
 one-token decoding and verify passes of K+1 = 2..17 positions with logits at every row, in rounds that
 alternate between the configurations so that drift on the machine hits them all alike.
 
-    .venv/bin/python scripts/llamacpp_exactness.py --model qwen2.5-coder-1.5b --out docs/exactness/qwen2.5-coder-1.5b
+    .venv/bin/python scripts/llamacpp_exactness.py --model qwen2.5-coder-1.5b --out docs/results/exactness/qwen2.5-coder-1.5b
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ match class, StepPolicy.fit; the gate weighing every step that asked for a draft
 thread), interleaved in one process, and ab.md (ab-VARIANT.md) gets per-category speedups over target-only decoding
 (medians of the repeats, seconds per generated token after the prompt).
 
-    .venv/bin/python scripts/match_classes.py --model qwen2.5-coder-1.5b --out docs/match-classes/qwen2.5-coder-1.5b
-    .venv/bin/python scripts/match_classes.py --model smollm2-135m --ab --repeats 3 --out docs/match-classes/smollm2-135m
+    .venv/bin/python scripts/match_classes.py --model qwen2.5-coder-1.5b --out docs/results/match-classes/qwen2.5-coder-1.5b
+    .venv/bin/python scripts/match_classes.py --model smollm2-135m --ab --repeats 3 --out docs/results/match-classes/smollm2-135m
     .venv/bin/python scripts/match_classes.py --model qwen2.5-coder-1.5b --ab --variant "gate on verified drafts" \
-        --categories chat summarisation json --out docs/match-classes/qwen2.5-coder-1.5b
+        --categories chat summarisation json --out docs/results/match-classes/qwen2.5-coder-1.5b
 """
 
 from __future__ import annotations

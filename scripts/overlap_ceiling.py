@@ -5,7 +5,7 @@ token over the target-only row's time per token), put through the pipeline's cos
 other waits for K fresh tokens, K c + verify, or with short fresh steps for its best fresh_k), each mode at
 its best K. Why: docs/pipeline.md (the overlap goal against a cheap draft).
 
-    .venv/bin/python scripts/overlap_ceiling.py docs/bench-pinned/report.json [--growth 0 0.065]
+    .venv/bin/python scripts/overlap_ceiling.py docs/results/bench-pinned/report.json [--growth 0 0.065]
 """
 
 from __future__ import annotations

@@ -17,4 +17,16 @@ def test_marked_tables_equal_their_generated_sources():
 
 
 def test_the_readme_shows_a_generated_table():
-    assert "<!-- table: docs/bench-categories/report.md#best -->" in (ROOT / "README.md").read_text()
+    assert "<!-- table: docs/results/bench-categories/report.md#best -->" in (ROOT / "README.md").read_text()
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    import re
+
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for match in re.finditer(r"\]\(([^)#\s]+)(#[^)]*)?\)", page.read_text()):
+            target = match.group(1)
+            if not target.startswith(("http://", "https://", "mailto:")) and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, broken

@@ -121,9 +121,7 @@ def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress:
                    role: str = "target") -> LoadedModel:
     """The GGUF file as it is, on llama.cpp's kernels (dtype does not apply: the file's quantization is
     used). device "cpu" keeps every layer on the CPU; otherwise layers go to the GPU where the build has one."""
-    from transformers import AutoTokenizer
-
-    from mirrorsd.models import resolve_gguf
+    from mirrorsd.models import load_tokenizer, resolve_gguf
     from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM, import_llama_cpp
 
     import_llama_cpp()  # before any download: say at once that the extra is missing
@@ -133,7 +131,7 @@ def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress:
                           'rebuild llama.cpp for it: CMAKE_ARGS="-DGGML_CUDA=on" bash scripts/setup.sh')
     gguf, tokenizer_dir = resolve_gguf(spec, progress)
     lm = LlamaCppLM(gguf, gpu_layers=0 if device == "cpu" else None)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = load_tokenizer(tokenizer_dir)
     special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
     eos = lm.eog_ids(special) | eos_ids(None, tokenizer)
     return LoadedModel(lm, tokenizer, eos)

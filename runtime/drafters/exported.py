@@ -71,6 +71,8 @@ def auto_export_drafter(target_tokenizer, draft_device: str | None = None) -> Mo
     from mirrorsd.devices import discover, place
     from mirrorsd.devices.placement import ExportInfo, npu_backends
 
+    if not draft_device and not any(exports_dir().glob(f"*/{MANIFEST}")):
+        return None  # no export to place: the chain serves, without even asking for devices
     inventory = discover()
     if not npu_backends(inventory) and not draft_device:
         return None  # no NPU: the chain serves, without even hashing the vocabulary

@@ -48,3 +48,18 @@ def test_a_model_drafter_declares_its_model_and_ranking_and_gets_an_ngram_fallba
     drafter = ModelDrafter(TorchCausalLM(target_model))
     assert drafter.model is drafter and drafter.model.ranking is drafter and drafter.learner is None
     assert isinstance(helper_for(drafter), NGramDrafter)
+
+
+def test_auto_with_no_export_in_the_cache_asks_for_no_devices(tokenizer, tmp_path, monkeypatch):
+    """`--draft auto` places an export only where there is one: with none, the device discovery (which
+    imports onnxruntime, a part of every command's start) is skipped, and the chain serves."""
+    from mirrorsd import devices
+    from mirrorsd.runtime.drafters import exported
+
+    monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path))
+    asked = []
+    monkeypatch.setattr(devices, "discover", lambda: asked.append(1) or devices.discovery.discover())
+    assert exported.auto_export_drafter(tokenizer) is None and asked == []
+    (tmp_path / "exports" / "some-export").mkdir(parents=True)
+    (tmp_path / "exports" / "some-export" / "manifest.json").write_text("{}")
+    assert exported.auto_export_drafter(tokenizer) is None and asked == [1]  # an export: devices are asked
