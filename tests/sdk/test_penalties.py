@@ -43,6 +43,7 @@ def test_speculation_with_penalties_is_token_equal_to_target_only(mode, target_m
     assert plain.generate(PROMPTS[0], cfg).token_ids != plain.generate(PROMPTS[0], max_new_tokens=30).token_ids
 
 
+@pytest.mark.slow  # a statistical test: thousands of sampled runs
 def test_sampling_with_penalties_follows_the_penalised_target(target_model, other_model, tokenizer):
     cfg = GenerationConfig(temperature=0.8, max_new_tokens=2, num_draft_tokens=2, adaptive_k=False,
                            presence_penalty=1.5, frequency_penalty=1.0)

@@ -117,6 +117,7 @@ def exact_first_two_constrained(engine, model, tokenizer, cfg, prompt):
     return p1, p2
 
 
+@pytest.mark.slow  # a statistical test: thousands of sampled runs
 def test_sampling_under_a_grammar_follows_the_constrained_target(target_model, tokenizer):
     cfg = GenerationConfig(temperature=1.0, max_new_tokens=2, num_draft_tokens=2, adaptive_k=False,
                            regex=r"[^0-9.]{2,20}")

@@ -19,6 +19,8 @@ from mirrorsd.runtime.backends.onnx_lm import OnnxCausalLM
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.runtime.drafters import ModelDrafter, NGramDrafter
 
+pytestmark = pytest.mark.slow  # ONNX exports of the target, then passes through ONNX Runtime
+
 PROMPTS = ["def quicksort(arr):\n    if len(arr) <= 1:", "The quick brown fox", "import numpy as np\n"]
 
 

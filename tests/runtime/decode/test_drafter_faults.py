@@ -12,6 +12,8 @@ from helpers import PROMPTS, exact_first_two, hf_greedy, pvalue, sample_first_tw
 from mirrorsd import Draft, Engine, GenerationConfig
 from mirrorsd.runtime.decode.step import check_draft
 
+pytestmark = pytest.mark.slow  # drafters that hang until their timeout, in every mode
+
 MODES = ("off", "overlap", "branches")
 
 
