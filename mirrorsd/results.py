@@ -118,8 +118,10 @@ class GenerationStats:
         units = after_prompt - drafted[0]  # plain steps: one decode step each
         for k in range(1, len(drafted)):
             units += (drafted[k - 1] - drafted[k]) * self._pass_cost(k)
-        step_s = (self.verify_time_s - self.prompt_time_s) / units if units > 0 else 0.0
-        return round((self.generated_tokens - 1) * step_s / decode_s, 3) if step_s > 0 else None
+        verify_s = self.verify_time_s - self.prompt_time_s
+        if units <= 0 or verify_s <= 0:
+            return None
+        return round((self.generated_tokens - 1) * (verify_s / units) / decode_s, 3)
 
     def _pass_cost(self, k: int) -> float:
         curve = self.verify_curve
