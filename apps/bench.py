@@ -31,7 +31,7 @@ from mirrorsd.apps import bench_llama_server, bench_vllm  # noqa: F401  (registe
 from mirrorsd.apps.prompt_suite import CATEGORIES, BenchPrompt, bundled_suite, load_workload
 from mirrorsd.errors import ConfigError
 from mirrorsd.results import acceptance_by_source, add_drafter_tokens
-from mirrorsd.bench import CorePins
+from mirrorsd.bench import CoreLayout
 
 QUICK = dict(target="smollm2-135m", draft_model=None, per_category=1, max_new_tokens=48, repeats=2)
 # --quick's rows: what `generate` runs by default (llama.cpp) and the llama.cpp peers, beside its reference
@@ -81,7 +81,7 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
         raise ConfigError("--repeats, --max-new-tokens and --per-category must be >= 1", "e.g. --repeats 2")
     if opts.pin_devices and not opts.only:
         opts = replace(opts, only=tuple(PINNED))
-    pins = CorePins.first_two() if opts.pin_devices else None
+    pins = CoreLayout.first_two() if opts.pin_devices else None
     busy = machine_busy()
     if busy:
         console.print(f"[yellow]warning: {busy}: the timings will be slow and noisy; benchmark on a quiet "
@@ -111,7 +111,7 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
                 draft_lm(torch.tensor([[0, 1, 2]], device=device))  # touch the lazily loaded weights
             check_tokenizers_match(engine.tokenizer, draft_tokenizer, opts.target, opts.draft_model)
     if pins is not None and engine is not None:
-        engine.cores = pins.layout()  # every row on the torch target runs pinned (with_drafter keeps it)
+        engine.cores = pins  # every row on the torch target runs pinned (with_drafter keeps it)
     ctx = BenchContext(engine, opts.target, draft_lm, opts.draft_model, datastore, opts.draft_export,
                        opts.target_export, memory, draft_threads=1 if pins else None, k=opts.k)
     prompts = load_workload(opts.prompts_file) if opts.prompts_file else bundled_suite(opts.per_category)

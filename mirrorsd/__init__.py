@@ -25,7 +25,7 @@ from mirrorsd.errors import (
 
 # Imported on first use (mirrorsd/_lazy.py): they pull in torch and transformers.
 _SOURCES = {
-    "mirrorsd.engine": ("Engine",), "mirrorsd.rejection": ("verify",),
+    "mirrorsd.engine": ("Engine",), "mirrorsd.runtime.decode.verify": ("verify",),
     "mirrorsd.contracts": ("CausalLM", "Draft", "Drafter", "DraftModel", "Learner", "Ranking", "Step"),
     "mirrorsd.results": ("FinishEvent", "GenerationResult", "GenerationStats", "StepStats", "TokenEvent"),
 }

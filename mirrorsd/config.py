@@ -2,7 +2,7 @@
 
 Two parts, kept apart as vLLM keeps SamplingParams apart from its speculative config:
 - SamplingParams: how the next token is chosen from the target's logits. `verify` and the logit
-  processing (mirrorsd.sampling) see only this; output depends only on it (and the models).
+  processing (mirrorsd.runtime.decode.sampling) see only this; output depends only on it (and the models).
 - SpeculativeConfig: how drafting and verification are scheduled. It changes speed, never output.
 GenerationConfig is what callers pass: the request's length and stop strings plus every field of both
 parts, flat; `.sampling` and `.speculative` are the parts, validated at construction.
@@ -112,7 +112,7 @@ class SpeculativeConfig:
     adaptive_k: bool = True
     """Choose K per step within [1, max_draft_tokens] from measured costs: the K that maximises
     Leviathan's predicted speedup for the running acceptance estimate and the measured ratio of draft
-    time per token to verify time (runtime/decode/schedule.py). Seeded sampling uses transformers'
+    time per token to verify time (runtime/decode/policy/schedule.py). Seeded sampling uses transformers'
     heuristic instead (all accepted: K += 2, else K -= 1), since a timing-based K would make the seed's
     random stream depend on the machine's speed. False: K stays at num_draft_tokens."""
 
@@ -124,12 +124,12 @@ class SpeculativeConfig:
     "off": no pipeline: draft, then verify, on one thread (runtime/decode/loop.py, InlineProvider; the
     earlier spelling "sequential" is accepted);
     "overlap": a draft worker thread drafts step t+1 while the target verifies step t, assuming step t
-    is fully accepted (runtime/decode/pipeline.py);
+    is fully accepted (runtime/decode/pipeline/provider.py);
     "branches": overlap plus Mirror-SD early exit: the verify pass publishes its layer-l_e top-kappa
     tokens and the draft worker prepares the likeliest correction branches (targets whose backend
     declares early exit; others run as "overlap");
     "auto": for a draft model, the faster of "off" and "overlap" as a one-time calibration on the
-    request's placement measures them (runtime/decode/calibrate.py: a K-token verify pass and a draft token,
+    request's placement measures them (runtime/decode/policy/calibrate.py: a K-token verify pass and a draft token,
     alone and side by side); "off" for model-free drafters (they draft in microseconds: nothing to
     hide; so does a model-free drafter in a seeded request, whatever the mode, so that the seed gives one output).
     Output is identical in every mode."""

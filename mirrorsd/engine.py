@@ -22,17 +22,18 @@ from mirrorsd.text_stream import StreamingText
 from mirrorsd.runtime.backends import eos_ids as eos_ids_of
 from mirrorsd.runtime.backends import load_lm
 from mirrorsd.runtime.backends.base import PrefixCachedLM
-from mirrorsd.runtime.decode import verify_curve
-from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs, calibrate
+from mirrorsd.runtime.decode.policy import verify_curve
+from mirrorsd.runtime.decode.policy.calibrate import CalibrationStore, Costs, calibrate
 from mirrorsd.runtime.decode.loop import run_plan
 from mirrorsd.runtime.decode.plan import DecodePlan, make_plan
-from mirrorsd.runtime.decode.schedule import uses_cost_schedule
-from mirrorsd.runtime.decode.step import StepCore
-from mirrorsd.runtime.decode.threads import CoreLayout, cpu_draft_threads, overlap_threads, pinned
+from mirrorsd.runtime.decode.policy.schedule import uses_cost_schedule
+from mirrorsd.runtime.decode.verify import DecodeState
+from mirrorsd.runtime.decode.pipeline.threads import CoreLayout, cpu_draft_threads, overlap_threads, pinned
 from mirrorsd.runtime.drafters.chain import ChainDrafter
 from mirrorsd.runtime.drafters.factory import check_not_a_misspelt_keyword, helper_for, make_drafter
 from mirrorsd.runtime.timeline import Timeline
-from mirrorsd.structured import GrammarConstraint, Grammars, grammar_text
+from mirrorsd.runtime.decode.grammar import GrammarConstraint
+from mirrorsd.structured import Grammars, grammar_text
 
 log = logging.getLogger("mirrorsd")
 
@@ -103,7 +104,7 @@ class Engine:
     eos_ids: token ids that end a reply (default: the tokenizer's EOS, and a transformers model's own)."""
 
     cores = CoreLayout()
-    """Where the two sides compute on the CPU (runtime/decode/threads.py). Default: cores shared. A benchmark's
+    """Where the two sides compute on the CPU (runtime/decode/pipeline/threads.py). Default: cores shared. A benchmark's
     separate compute, simulated on one CPU (Linux; `mirrorsd bench --pin-devices`), pins the verify side to
     one core and the draft side to another, one compute thread each, in every pipeline mode."""
 
@@ -235,10 +236,10 @@ class Engine:
             )
         return ids
 
-    def generate(self, prompt: Prompt, config: GenerationConfig | None = None, trace: str | None = None,
-                 **settings) -> GenerationResult:
-        """Run one request to completion (trace, settings: see stream)."""
-        for event in self.stream(prompt, config, trace, **settings):
+    def generate(self, prompt: Prompt, config: GenerationConfig | None = None, trace: str | None = None, *,
+                 cancel: threading.Event | None = None, **settings) -> GenerationResult:
+        """Run one request to completion (trace, cancel, settings: see stream)."""
+        for event in self._run(*self._request(prompt, config, trace, settings), cancel):
             if isinstance(event, FinishEvent):
                 return event.result
         raise AssertionError("stream ended without a FinishEvent")
@@ -252,6 +253,11 @@ class Engine:
         prompt in chunks (llama.cpp) stops between chunks, and the stream raises RequestCancelled.
         settings: GenerationConfig fields as keywords (`max_new_tokens=64, temperature=0.7`), applied over
         `config` (or the defaults)."""
+        return self._run(*self._request(prompt, config, trace, settings), cancel)
+
+    def _request(self, prompt: Prompt, config: GenerationConfig | None, trace: str | None,
+                 settings: dict) -> tuple[list[int], GenerationConfig, str | None, GrammarConstraint | None]:
+        """A request checked and prepared at the call, before its generator starts: a bad argument raises here."""
         self._check_open()
         cfg = config or GenerationConfig()
         if not isinstance(cfg, GenerationConfig):
@@ -262,7 +268,7 @@ class Engine:
         self.prepare(cfg)  # measured before the request, not in it; a bad early_exit_layer is reported now
         if trace:
             check_writable(trace)  # now, not after the whole generation
-        return self._run(ids, cfg, trace, self.constraint(cfg), cancel)
+        return ids, cfg, trace, self.constraint(cfg)
 
     def constraint(self, cfg: GenerationConfig) -> GrammarConstraint | None:
         """A fresh grammar state for a structured-output request (ConfigError for a bad grammar); None without."""
@@ -271,7 +277,7 @@ class Engine:
 
     def pipeline_mode(self, cfg: GenerationConfig) -> str:
         """The mode `cfg.pipeline` resolves to with this drafter and target (see GenerationConfig). "auto" with a
-        draft model: the mode a calibration on this core layout measured faster (runtime/decode/calibrate.py;
+        draft model: the mode a calibration on this core layout measured faster (runtime/decode/policy/calibrate.py;
         the first call per drafter and core layout takes a few seconds, then `calibrations` holds it)."""
         return self._plan(cfg, self.calibration).mode
 
@@ -317,7 +323,7 @@ class Engine:
 
     def calibration(self, k: int) -> Costs:
         """Measured costs of this draft model beside this target on this core layout: kept per engine, and for
-        models loaded by name in `calibration_store` across processes (runtime/decode/calibrate.py)."""
+        models loaded by name in `calibration_store` across processes (runtime/decode/policy/calibrate.py)."""
         with self._lock:  # the models are measured: no request runs meanwhile
             return self._calibration(k)
 
@@ -347,9 +353,9 @@ class Engine:
             recorder = self._recorder(ids, plan, timeline)
             reply = _Reply(self.tokenizer, cfg, self.eos_ids)
             budget = min(cfg.max_new_tokens, self.target.max_context - len(ids))
-            core = StepCore(self.target, ids, cfg, budget, timeline, overlapped=plan.mode != "off",
-                            constraint=constraint)
-            steps = run_plan(core, self.drafter, self.helper, plan)
+            state = DecodeState(self.target, ids, cfg, budget, timeline, overlapped=plan.mode != "off",
+                                constraint=constraint)
+            steps = run_plan(state, self.drafter, self.helper, plan)
             try:
                 for index, step in enumerate(steps):
                     kept = reply.kept(step)

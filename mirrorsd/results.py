@@ -62,7 +62,7 @@ class GenerationStats:
     branch_states: dict[str, int] = field(default_factory=dict)  # hinted rejections by the state of the
     # branch for their actual outcome at reconcile: ready, drafting, queued (planned, not started), none
     verify_curve: tuple[float, ...] = ()  # the target's measured pass cost for K drafted tokens, in decode
-    # steps (index K; runtime/decode/verify_curve.py); () where it was not measured
+    # steps (index K; runtime/decode/policy/verify_curve.py); () where it was not measured
 
     @property
     def tokens_per_second(self) -> float:

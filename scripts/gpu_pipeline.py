@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.runtime.decode import step as step_core
-from mirrorsd.runtime.decode.gate import SpeculationGate
+from mirrorsd.runtime.decode.policy import step_policy
+from mirrorsd.runtime.decode.policy.gate import SpeculationGate
 
 MODES = ("off", "overlap", "branches", "auto")
 
@@ -37,12 +37,12 @@ def gate_open(open_: bool):
     if not open_:
         yield
         return
-    original = step_core.SpeculationGate
-    step_core.SpeculationGate = lambda enabled=True, **kw: SpeculationGate(enabled=False, **kw)
+    original = step_policy.SpeculationGate
+    step_policy.SpeculationGate = lambda enabled=True, **kw: SpeculationGate(enabled=False, **kw)
     try:
         yield
     finally:
-        step_core.SpeculationGate = original
+        step_policy.SpeculationGate = original
 
 
 def run_row(engine: Engine, prompts: list, mode: str, tokens: int, reference: list | None) -> dict:

@@ -1,4 +1,4 @@
-"""Per-token acceptance of model-free drafts by match length: the table behind runtime/decode/match_classes.py.
+"""Per-token acceptance of model-free drafts by match length: the table behind runtime/decode/policy/match_classes.py.
 
 The target decodes the bench suite's greedy prompts (json-schema ones left out) once; each drafter then replays
 those answers (greedy speculative decoding commits exactly them: propose up to K, keep the matching prefix,
@@ -24,7 +24,7 @@ from pathlib import Path
 from mirrorsd import Engine, GenerationConfig
 from mirrorsd.apps.prompt_suite import bundled_suite
 from mirrorsd.drafters import make_drafter
-from mirrorsd.runtime.decode.match_classes import LONGEST_CLASS
+from mirrorsd.runtime.decode.policy.match_classes import LONGEST_CLASS
 
 
 def answers(engine: Engine, per_category: int, tokens: int) -> list[tuple[str, list[int], list[int]]]:
@@ -60,8 +60,8 @@ def replay(drafter, runs, k: int) -> dict[int, list[int]]:
 
 def without(variant: str):
     """Undo one choice for a run: (the class that holds it, its member, the stand-in)."""
-    from mirrorsd.runtime.decode import step
-    from mirrorsd.runtime.decode.policy import StepPolicy
+    from mirrorsd.runtime.decode import drafting
+    from mirrorsd.runtime.decode.policy.step_policy import StepPolicy
 
     if variant == "uncut":
         return StepPolicy, "fit", lambda self, draft, whole=False: draft
@@ -73,7 +73,7 @@ def without(variant: str):
             return learn(self, n_drafted, *args, **kwargs)
         return StepPolicy, "learn", learn_verified
     if variant == "helper thread":
-        return step, "_caller_for", lambda drafter, core: None if drafter is None else step._Caller(core)
+        return drafting, "_caller_for", lambda drafter, core: None if drafter is None else drafting._Caller(core)
     raise ValueError(variant)
 
 

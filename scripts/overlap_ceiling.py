@@ -1,7 +1,7 @@
 """What overlap can gain over sequential decoding at most, per draft, from a bench report's own measurements:
 the acceptance rate alpha and the draft's cost per token c (its sequential row's drafting time per drafted
 token over the target-only row's time per token), put through the pipeline's cost model
-(runtime/decode/speedup.py: a step that lands on the lookahead costs max(K c, verify); the step after any
+(runtime/decode/policy/speedup.py: a step that lands on the lookahead costs max(K c, verify); the step after any
 other waits for K fresh tokens, K c + verify, or with short fresh steps for its best fresh_k), each mode at
 its best K. Why: docs/pipeline.md (the overlap goal against a cheap draft).
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from mirrorsd.runtime.decode.speedup import speedup
+from mirrorsd.runtime.decode.policy.speedup import speedup
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import json
 import time
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.runtime.decode.threads import CorePins
+from mirrorsd.runtime.decode.pipeline.threads import CoreLayout
 
 
 def run(engine: Engine, prompts: list, mode: str, tokens: int, outputs: list) -> tuple[float, float, float, float]:
@@ -49,7 +49,7 @@ def main() -> None:
     prompts = [json.loads(line)["messages"] for line in open(args.prompts) if line.strip()]
     engine = Engine.load(args.target, draft=args.draft, backend="torch", dtype="float32",
                          draft_backend=args.draft_backend)
-    engine.cores = CorePins.first_two().layout()
+    engine.cores = CoreLayout.first_two()
     if args.no_fallback:
         engine = engine.with_drafter(engine.drafter, helper=None)
     print(f"draft {engine.drafter.name}; pinned; {len(prompts)} prompts, {args.max_new_tokens} new tokens, greedy")

@@ -10,7 +10,7 @@ comes from a run of the real pair (--alpha; greedy token-equality makes it the s
 
 Prints seconds per verify pass of K drafted tokens (K+1 positions after a 200-token context), seconds per
 draft token, and for each placement (target device x draft device) the best-K speedup over target-only,
-sequential and overlapped (runtime/decode/speedup.py, verify growth fitted from the measured curve).
+sequential and overlapped (runtime/decode/policy/speedup.py, verify growth fitted from the measured curve).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
-from mirrorsd.runtime.decode.speedup import speedup
+from mirrorsd.runtime.decode.policy.speedup import speedup
 
 KS = (0, 1, 2, 4, 8, 16)
 

@@ -25,7 +25,7 @@ def hf_greedy(model, tokenizer, prompt: str, n: int, **kw) -> list[int]:
 
 def exact_first_two(model, tokenizer, cfg, prompt) -> tuple[np.ndarray, np.ndarray]:
     """Exact P(t1) and marginal P(t2) of target-only sampling, from the model's logits."""
-    from mirrorsd.sampling import next_token_scores
+    from mirrorsd.runtime.decode.sampling import next_token_scores
 
     ids = tokenizer(prompt)["input_ids"]
     with torch.no_grad():
@@ -95,12 +95,12 @@ def run(*args, env=None):
 
 
 def decode_steps(target, drafter, prompt_ids, config, max_new_tokens: int, mode: str = "branches"):
-    """A request's steps as the engine runs them (make_plan for `mode`, a StepCore, run_plan), for tests that
+    """A request's steps as the engine runs them (make_plan for `mode`, a DecodeState, run_plan), for tests that
     look at single steps below the engine."""
     from mirrorsd.runtime.decode.loop import run_plan
     from mirrorsd.runtime.decode.plan import make_plan
-    from mirrorsd.runtime.decode.step import StepCore
+    from mirrorsd.runtime.decode.verify import DecodeState
 
     plan = make_plan(target, drafter, config, mode)
-    core = StepCore(target, prompt_ids, config, max_new_tokens, overlapped=plan.mode != "off")
-    return run_plan(core, drafter, None, plan)
+    state = DecodeState(target, prompt_ids, config, max_new_tokens, overlapped=plan.mode != "off")
+    return run_plan(state, drafter, None, plan)

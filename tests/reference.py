@@ -1,5 +1,5 @@
 """A plain numpy reference of logit processing and speculative verification, written independently
-of mirrorsd.sampling / mirrorsd.rejection, for the tests to compare against."""
+of mirrorsd.runtime.decode.sampling / mirrorsd.runtime.decode.verify, for the tests to compare against."""
 
 from __future__ import annotations
 

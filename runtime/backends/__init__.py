@@ -99,7 +99,7 @@ def _static_lm(model, device, spec: str, role: str):
     from mirrorsd.catalog import cache_dir
     from mirrorsd.devices import machine_id
     from mirrorsd.runtime.backends.torch_static import DEFAULT_ROWS, StaticTorchLM
-    from mirrorsd.runtime.decode.calibrate import CalibrationStore
+    from mirrorsd.runtime.decode.policy.calibrate import CalibrationStore
 
     if role == "draft":
         return StaticTorchLM(model, device, rows=1, prefill_rows=DEFAULT_ROWS, exact_batches=False)

@@ -4,12 +4,12 @@ Each step: a draft provider hands over up to K drafted tokens (none while the ga
 drafting does not pay), the target scores the last committed token plus the draft in one forward pass,
 `verify` keeps the accepted prefix plus one target token, the tokens are committed, and the provider
 learns where the step landed. Rollback is implicit: the target's next `score` truncates its KV cache to
-the committed history, and drafters reconcile against it the same way. The step's bookkeeping is the step
-core's (step.py).
+the committed history, and drafters reconcile against it the same way. The verify step itself -- the target's
+pass, the accept rule, the commit -- is verify.py's (`DecodeState`, `verify`).
 
 Providers differ only in where a draft comes from and when:
 - `InlineProvider`: the drafter runs between verify passes, on this thread's schedule ("off").
-- `PipelinedProvider` (pipeline.py): a draft worker drafts ahead while the target verifies ("overlap",
+- `PipelinedProvider` (pipeline/provider.py): a draft worker drafts ahead while the target verifies ("overlap",
   "branches").
 """
 
@@ -20,9 +20,10 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from mirrorsd.contracts import Draft, Drafter, ExitRequest, HintOutcome, Step
-from mirrorsd.runtime.decode.pipeline import PipelinedProvider
+from mirrorsd.runtime.decode.pipeline.provider import PipelinedProvider
 from mirrorsd.runtime.decode.plan import DecodePlan
-from mirrorsd.runtime.decode.step import CheckedDrafter, Outcome, StepCore, make_step
+from mirrorsd.runtime.decode.drafting import CheckedDrafter
+from mirrorsd.runtime.decode.verify import DecodeState, Outcome, make_step
 
 
 class DraftProvider(Protocol):
@@ -43,38 +44,24 @@ class DraftProvider(Protocol):
         """Stop whatever the provider started (threads, the drafter's request)."""
 
 
-def decode(core: StepCore, provider: DraftProvider) -> Iterator[Step]:
-    """Yield Steps until the core's max_new_tokens are committed (the caller stops early on EOS / stop strings)."""
-    try:
-        while not core.done:
-            start = time.perf_counter()
-            draft, exit_request = provider.draft()
-            outcome = core.verify(draft, exit_request)
-            core.commit(outcome)
-            waited = outcome.start - start
-            branch, hint = provider.learn(draft, outcome, waited)
-            yield make_step(draft, outcome, waited, provider.take_fault(), branch, hint)
-    finally:
-        provider.close()
-
-
 class InlineProvider:
     """Drafts between verify passes on the calling thread's schedule (the drafter itself runs on a helper
     thread, so that a hung one can be abandoned: CheckedDrafter). A drafter that fails is dropped for the
     request; `helper` (if any) drafts from then on."""
 
-    def __init__(self, core: StepCore, drafter: Drafter | None, helper: Drafter | None = None,
+    def __init__(self, state: DecodeState, drafter: Drafter | None, helper: Drafter | None = None,
                  draft_core: int | None = None) -> None:
-        self.core = core
-        self.drafting = CheckedDrafter(drafter, helper, core.config, core.target.vocab_size, core.timeline, draft_core)
+        self.state = state
+        self.drafting = CheckedDrafter(drafter, helper, state.config, state.target.vocab_size, state.timeline,
+                                       draft_core)
 
     def draft(self) -> tuple[Draft, ExitRequest | None]:
-        k = self.core.step_k() if self.drafting.active else 0
-        return self.core.prepare(self.drafting.propose(self.core.committed, k), k), None
+        k = self.state.step_k() if self.drafting.active else 0
+        return self.state.fit(self.drafting.propose(self.state.committed, k), k), None
 
     def learn(self, draft: Draft, outcome: Outcome, waited: float) -> tuple[str | None, HintOutcome | None]:
-        self.drafting.accepted(self.core.committed, outcome.n_accepted)
-        self.core.learn(len(draft.tokens), waited, outcome, waited + outcome.seconds)
+        self.drafting.accepted(self.state.committed, outcome.n_accepted)
+        self.state.learn(len(draft.tokens), waited, outcome, waited + outcome.seconds)
         return None, None
 
     def take_fault(self) -> str | None:
@@ -84,11 +71,22 @@ class InlineProvider:
         self.drafting.close()
 
 
-def run_plan(core: StepCore, drafter: Drafter | None, helper: Drafter | None, plan: DecodePlan) -> Iterator[Step]:
-    """The request's steps: the loop with the provider the plan names (a generator: no thread starts before
-    the caller asks for the first step)."""
+def run_plan(state: DecodeState, drafter: Drafter | None, helper: Drafter | None, plan: DecodePlan) -> Iterator[Step]:
+    """Yield the request's Steps until its max_new_tokens are committed (the caller stops early on EOS / stop
+    strings), drafting through the provider the plan names. A generator: no thread starts before the caller
+    asks for the first step."""
     if plan.mode == "off":
-        provider = InlineProvider(core, drafter, helper, plan.draft_core)
+        provider: DraftProvider = InlineProvider(state, drafter, helper, plan.draft_core)
     else:
-        provider = PipelinedProvider(core, drafter, helper, plan)
-    yield from decode(core, provider)
+        provider = PipelinedProvider(state, drafter, helper, plan)
+    try:
+        while not state.done:
+            start = time.perf_counter()
+            draft, exit_request = provider.draft()
+            outcome = state.verify(draft, exit_request)
+            state.commit(outcome)
+            waited = outcome.start - start
+            branch, hint = provider.learn(draft, outcome, waited)
+            yield make_step(draft, outcome, waited, provider.take_fault(), branch, hint)
+    finally:
+        provider.close()

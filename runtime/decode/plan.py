@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import CausalLM, Drafter
 from mirrorsd.errors import ConfigError
-from mirrorsd.runtime.decode.threads import CoreLayout, overlap_threads
+from mirrorsd.runtime.decode.pipeline.threads import CoreLayout, overlap_threads
 
 
 @dataclass(frozen=True)

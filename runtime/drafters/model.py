@@ -23,7 +23,7 @@ import torch
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import CausalLM, Draft
-from mirrorsd.sampling import next_token_scores, sample_categorical
+from mirrorsd.runtime.decode.sampling import next_token_scores, sample_categorical
 
 
 class ModelDrafter:

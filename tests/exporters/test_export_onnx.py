@@ -240,7 +240,7 @@ def test_an_export_on_the_cpu_provider_shares_the_cores_with_a_cpu_target(export
 
     from mirrorsd.contracts import computes_on
     from mirrorsd.runtime.backends.onnx_lm import compute_kind
-    from mirrorsd.runtime.decode.threads import CPU_DRAFT_THREADS, overlap_threads
+    from mirrorsd.runtime.decode.pipeline.threads import CPU_DRAFT_THREADS, overlap_threads
     from mirrorsd.runtime.drafters import ModelDrafter
 
     engine = Engine.load(target=str(tiny_folder), draft=str(exports["self-dynamic"]), device="cpu")

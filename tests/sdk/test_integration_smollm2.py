@@ -207,19 +207,19 @@ def test_a_grammar_clipped_draft_holds_only_tokens_the_grammar_masks_allow(smol_
     is allowed by the masks."""
     from mirrorsd import Draft
     from mirrorsd.apps.prompt_suite import bundled_suite
-    from mirrorsd.runtime.decode.step import Outcome, StepCore
+    from mirrorsd.runtime.decode.verify import DecodeState, Outcome
 
     prompt = next(p for p in bundled_suite(2) if p.json_schema and p.label == "json-schema/1")
     cfg = GenerationConfig(max_new_tokens=48, json_schema=prompt.json_schema)
     smol_cpp.reset()
     reply = smol_cpp.generate(prompt.request, cfg).token_ids
     constraint = smol_cpp.constraint(cfg)
-    core = StepCore(smol_cpp.target, smol_cpp.encode(prompt.request), cfg, 48, constraint=constraint)
+    state = DecodeState(smol_cpp.target, smol_cpp.encode(prompt.request), cfg, 48, constraint=constraint)
     for token in reply[:-1]:
         allowed = constraint.masks([])[0]
-        logits = smol_cpp.target.score(core.committed, [])[0]
+        logits = smol_cpp.target.score(state.committed, [])[0]
         for candidate in torch.topk(logits.float(), 20).indices.tolist():
-            kept = core.prepare(Draft([candidate], None, "test"), 4)
+            kept = state.fit(Draft([candidate], None, "test"), 4)
             if kept.source == "test" and kept.tokens:
-                assert allowed[candidate], (len(core.committed), smol_cpp.tokenizer.decode([candidate]))
-        core.commit(Outcome(0, [token], 0.0, 0.0))
+                assert allowed[candidate], (len(state.committed), smol_cpp.tokenizer.decode([candidate]))
+        state.commit(Outcome(0, [token], 0.0, 0.0))

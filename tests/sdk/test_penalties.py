@@ -11,7 +11,7 @@ from mirrorsd import Engine, GenerationConfig
 from mirrorsd.config import SamplingParams
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.runtime.drafters import ModelDrafter, NGramDrafter
-from mirrorsd.sampling import next_token_scores
+from mirrorsd.runtime.decode.sampling import next_token_scores
 
 
 def test_the_penalties_follow_openais_formula_over_generated_tokens_only():

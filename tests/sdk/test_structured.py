@@ -19,8 +19,9 @@ from mirrorsd import Engine, GenerationConfig
 from mirrorsd.errors import ConfigError
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from mirrorsd.runtime.drafters import ModelDrafter, NGramDrafter
-from mirrorsd.sampling import next_token_scores
-from mirrorsd.structured import JSON_LAYOUT, apply_masks
+from mirrorsd.runtime.decode.sampling import next_token_scores
+from mirrorsd.runtime.decode.grammar import apply_masks
+from mirrorsd.structured import JSON_LAYOUT
 
 # Bounded, so that even a random tiny model completes it within the token budget.
 SCHEMA = {

@@ -162,7 +162,7 @@ def test_a_seeded_sampled_run_is_the_same_in_every_mode(static_target, other_mod
 
 def test_the_torch_static_backend_loads_a_folder_and_keeps_its_verdict(tiny_folder, tmp_path, monkeypatch):
     from mirrorsd.runtime.backends import load_lm
-    from mirrorsd.runtime.decode.calibrate import CalibrationStore
+    from mirrorsd.runtime.decode.policy.calibrate import CalibrationStore
 
     monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path))
     target = load_lm(str(tiny_folder), "torch-static", device="cpu").lm

@@ -13,7 +13,7 @@ from mirrorsd.contracts import HintOutcome, Step
 from mirrorsd.errors import ConfigError
 from mirrorsd.results import StatsRecorder
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
-from mirrorsd.runtime.decode.branches import Hint, plan_branches
+from mirrorsd.runtime.decode.pipeline.branches import Hint, plan_branches
 from mirrorsd.runtime.drafters import ModelDrafter, NGramDrafter
 from drafters_for_tests import RandomTokenDrafter
 from helpers import PROMPTS, decode_steps, hf_greedy

@@ -1,4 +1,4 @@
-"""pipeline="auto"'s calibration kept across processes (runtime/decode/calibrate.py: CalibrationStore)."""
+"""pipeline="auto"'s calibration kept across processes (runtime/decode/policy/calibrate.py: CalibrationStore)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from mirrorsd import Engine
 from mirrorsd.devices import machine_id
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
-from mirrorsd.runtime.decode.calibrate import CalibrationStore, Costs
-from mirrorsd.runtime.decode.threads import CorePins, CoreLayout
+from mirrorsd.runtime.decode.policy.calibrate import CalibrationStore, Costs
+from mirrorsd.runtime.decode.pipeline.threads import CoreLayout
 from mirrorsd.runtime.drafters import ModelDrafter
 
 
@@ -37,7 +37,7 @@ def test_a_calibration_is_measured_once_and_reused_by_a_later_engine(cache, tiny
     other_k = later.calibration(3)  # another K is another calibration
     assert other_k.k == 3 and len(json.loads(cache.read_text())) == 2
     if len(os.sched_getaffinity(0)) >= 2:
-        later.cores = CorePins.first_two().layout()
+        later.cores = CoreLayout.first_two()
         assert later.calibration(4) != costs  # another placement: measured afresh, kept under its own key
         assert len(json.loads(cache.read_text())) == 3
     later.close()
@@ -83,7 +83,7 @@ def test_a_read_only_cache_costs_a_calibration_not_the_request(cache, tiny_folde
 
 def test_the_verify_curve_is_measured_before_a_request_starts_and_kept_across_engines(cache, tiny_folder):
     from mirrorsd import GenerationConfig
-    from mirrorsd.runtime.decode import verify_curve
+    from mirrorsd.runtime.decode.policy import verify_curve
 
     engine = load(tiny_folder)
     stream = engine.stream("The quick brown fox", GenerationConfig(max_new_tokens=4))
@@ -111,7 +111,7 @@ def test_a_model_free_drafter_reads_the_targets_curve_back_too(cache, tiny_folde
     """The curve is the target's: an engine with the n-gram drafter keeps it and reads it back across processes
     (it measured it on every first request: a second of a cached model's first answer)."""
     from mirrorsd import Engine
-    from mirrorsd.runtime.decode import verify_curve
+    from mirrorsd.runtime.decode.policy import verify_curve
 
     first = Engine.load(target=str(tiny_folder), draft="ngram", dtype="float32")
     first.prepare()

@@ -10,7 +10,7 @@ import pytest
 from drafters_for_tests import FailingDrafter, HistoryCorruptingDrafter
 from helpers import PROMPTS, exact_first_two, hf_greedy, pvalue, sample_first_two
 from mirrorsd import Draft, Engine, GenerationConfig
-from mirrorsd.runtime.decode.step import check_draft
+from mirrorsd.runtime.decode.drafting import check_draft
 
 pytestmark = pytest.mark.slow  # drafters that hang until their timeout, in every mode
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mirrorsd.runtime.decode.gate import SpeculationGate
+from mirrorsd.runtime.decode.policy.gate import SpeculationGate
 
 
 def run_steps(gate, n, drafted_rate, plain_rate):
@@ -89,7 +89,7 @@ def test_steps_whose_drafts_were_cut_to_nothing_count_as_drafting_for_the_gate()
     slower than plain ones, the policy's gate stops asking for drafts (no lookup at all)."""
     from mirrorsd.config import GenerationConfig
     from mirrorsd.contracts import Draft
-    from mirrorsd.runtime.decode.policy import StepPolicy
+    from mirrorsd.runtime.decode.policy.step_policy import StepPolicy
 
     policy = StepPolicy(GenerationConfig(), curve=(1.0, 1.5, 1.7, 1.85, 2.2))
     asked = 0

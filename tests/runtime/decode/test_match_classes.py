@@ -1,11 +1,11 @@
-"""Model-free drafts verified only as far as their match class pays (runtime/decode/match_classes.py)."""
+"""Model-free drafts verified only as far as their match class pays (runtime/decode/policy/match_classes.py)."""
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Draft
-from mirrorsd.runtime.decode import match_classes
-from mirrorsd.runtime.decode.match_classes import MatchClasses
-from mirrorsd.runtime.decode.policy import StepPolicy
-from mirrorsd.runtime.decode.speedup import expected_tokens_per_step
+from mirrorsd.runtime.decode.policy import match_classes
+from mirrorsd.runtime.decode.policy.match_classes import MatchClasses
+from mirrorsd.runtime.decode.policy.step_policy import StepPolicy
+from mirrorsd.runtime.decode.policy.speedup import expected_tokens_per_step
 
 STEEP = (1.0, 1.5, 1.7, 1.85, 2.2, 2.35, 2.5, 2.75, 3.0)  # smollm2-135m's exact llama.cpp curve, roughly
 cost = STEEP

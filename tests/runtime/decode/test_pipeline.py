@@ -13,7 +13,7 @@ import torch
 from mirrorsd import Engine, FinishEvent, GenerationConfig
 from mirrorsd.contracts import ExitRequest
 from mirrorsd.errors import ConfigError
-from mirrorsd.runtime.decode.schedule import DraftLengthSchedule
+from mirrorsd.runtime.decode.policy.schedule import DraftLengthSchedule
 from mirrorsd.runtime.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter, ModelDrafter
 from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 from drafters_for_tests import FailingDrafter, RandomTokenDrafter
@@ -303,7 +303,7 @@ def test_per_step_the_pipeline_serves_the_quicker_model_free_draft(mode, target_
 def test_auto_picks_the_mode_a_calibration_measured_faster(target_model, other_model, tokenizer):
     """auto: a draft model's mode comes from a calibration on its placement (cached per engine); a model-free
     drafter runs sequentially; an explicit mode is honoured."""
-    from mirrorsd.runtime.decode.calibrate import Costs
+    from mirrorsd.runtime.decode.policy.calibrate import Costs
 
     cfg = GenerationConfig(pipeline="auto", num_draft_tokens=4)
     engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
@@ -329,7 +329,7 @@ def test_core_sharing_gives_the_verifier_the_draft_threads_while_the_worker_is_i
     from types import SimpleNamespace
 
     from conftest import make_model
-    from mirrorsd.runtime.decode.threads import CoreSharing
+    from mirrorsd.runtime.decode.pipeline.threads import CoreSharing
 
     model = make_model(tokenizer, seed=0)
     seen: list[int] = []
@@ -400,11 +400,11 @@ def test_a_step_after_a_miss_verifies_the_first_fresh_tokens_without_waiting_for
     """After a rejection the lookahead restarts from the committed history; with fresh_k = 1 the target
     takes what the worker has once the first token is there (the next ones come 60 ms apart), with
     fresh_k = K it waits for all four. Every other step carries K. Output unchanged either way."""
-    from mirrorsd.runtime.decode import policy as step_core
-    from mirrorsd.runtime.decode.gate import SpeculationGate
+    from mirrorsd.runtime.decode.policy import step_policy
+    from mirrorsd.runtime.decode.policy.gate import SpeculationGate
 
-    monkeypatch.setattr(step_core, "make_schedule", lambda config, overlapped=False, curve=None: FreshK(config, fresh_k))
-    monkeypatch.setattr(step_core, "SpeculationGate", lambda **kw: SpeculationGate(enabled=False))  # every step drafts
+    monkeypatch.setattr(step_policy, "make_schedule", lambda config, overlapped=False, curve=None: FreshK(config, fresh_k))
+    monkeypatch.setattr(step_policy, "SpeculationGate", lambda **kw: SpeculationGate(enabled=False))  # every step drafts
     cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=4, adaptive_k=False)
     drafter = SlowPastTheFirstFreshToken(TorchCausalLM(other_model))
     prompt = tokenizer(PROMPTS[0])["input_ids"]
@@ -453,12 +453,12 @@ def test_the_worker_drafts_ahead_for_the_k_the_schedule_picks_after_the_step(
     """The K schedule learns from a step before the worker hears where the step landed, so the worker's limit
     (2K + 1 tokens past the committed history: the next step's K, its bonus token and the K after it) follows
     a growing K at once; told first, the worker stopped at the old K's limit and idled through the pass."""
-    from mirrorsd.runtime.decode import pipeline
-    from mirrorsd.runtime.decode import policy as step_core
-    from mirrorsd.runtime.decode.gate import SpeculationGate
+    from mirrorsd.runtime.decode.pipeline import provider as pipeline
+    from mirrorsd.runtime.decode.policy import step_policy
+    from mirrorsd.runtime.decode.policy.gate import SpeculationGate
 
-    monkeypatch.setattr(step_core, "make_schedule", lambda config, overlapped=False, curve=None: GrowingK(config))
-    monkeypatch.setattr(step_core, "SpeculationGate", lambda **kw: SpeculationGate(enabled=False))
+    monkeypatch.setattr(step_policy, "make_schedule", lambda config, overlapped=False, curve=None: GrowingK(config))
+    monkeypatch.setattr(step_policy, "SpeculationGate", lambda **kw: SpeculationGate(enabled=False))
     ahead = []  # per message to the worker: its limit past the committed history
     advance, rebase = pipeline.Advance, pipeline.Rebase
     monkeypatch.setattr(pipeline, "Advance", lambda n, limit, *a: ahead.append(limit - n) or advance(n, limit, *a))
@@ -477,7 +477,7 @@ def test_while_the_target_prefills_alone_the_worker_drafts_for_the_largest_k(
         monkeypatch, target_model, other_model, tokenizer, expected):
     """The cost-aware schedule picks K from costs measured after the first step, which prefills the target
     alone: meanwhile the worker's limit is set for max_draft_tokens, not for the starting K."""
-    from mirrorsd.runtime.decode import pipeline
+    from mirrorsd.runtime.decode.pipeline import provider as pipeline
 
     ahead = []
     rebase = pipeline.Rebase

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from mirrorsd import Draft, GenerationConfig
-from mirrorsd.runtime.decode.branches import Hint, plan_branches
-from mirrorsd.runtime.decode.lookahead import Lookahead, StepBranches, drain, fill, take
-from mirrorsd.runtime.decode.worker import (STOP, Advance, BranchChunk, BranchesPlanned, Chunk, DraftWorker, Rebase,
+from mirrorsd.runtime.decode.pipeline.branches import Hint, plan_branches
+from mirrorsd.runtime.decode.pipeline.lookahead import Lookahead, StepBranches, drain, fill, take
+from mirrorsd.runtime.decode.pipeline.worker import (STOP, Advance, BranchChunk, BranchesPlanned, Chunk, DraftWorker, Rebase,
                                             Stalled, WorkerFailed)
 from mirrorsd.runtime.timeline import Timeline
 

@@ -1,5 +1,5 @@
 from mirrorsd import GenerationConfig
-from mirrorsd.runtime.decode.schedule import DraftLengthSchedule
+from mirrorsd.runtime.decode.policy.schedule import DraftLengthSchedule
 
 
 def test_adaptive_k_grows_on_full_acceptance_and_shrinks_otherwise():
@@ -21,7 +21,7 @@ def test_fixed_k_when_adaptive_is_off():
 
 # -- the cost model and the cost-aware schedule ----------------------------------------------------
 
-from mirrorsd.runtime.decode.schedule import CostAwareSchedule, make_schedule  # noqa: E402
+from mirrorsd.runtime.decode.policy.schedule import CostAwareSchedule, make_schedule  # noqa: E402
 
 
 def feed(schedule, alpha_steps, draft_per_token, verify_a, verify_b=0.0, steps=40):

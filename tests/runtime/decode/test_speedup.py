@@ -1,10 +1,10 @@
-"""Leviathan's speedup formula (mirrorsd.runtime.decode.speedup) against values computed by hand."""
+"""Leviathan's speedup formula (mirrorsd.runtime.decode.policy.speedup) against values computed by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from mirrorsd.runtime.decode.speedup import best_k, expected_tokens_per_step, speedup
+from mirrorsd.runtime.decode.policy.speedup import best_k, expected_tokens_per_step, speedup
 
 
 def test_expected_tokens_per_step_by_hand():

@@ -8,6 +8,7 @@ worker is idle. Both need the target to declare ThreadControl; without it nothin
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -32,12 +33,32 @@ def leave_signals_to_the_main_thread() -> None:
 @dataclass(frozen=True)
 class CoreLayout:
     """Where a request's two sides compute on the CPU. By default (no cores) wherever the OS puts them, the
-    threads split by `overlap_threads` where both compute on the CPU; with cores (a benchmark's separate
-    compute, built from CorePins) the verify side (the request's thread) on `verify_core` and the draft side
-    on `draft_core`, one compute thread each."""
+    threads split by `overlap_threads` where both compute on the CPU. Pinned (separate compute, simulated on one
+    CPU, for side-by-side measurements): the verify side (the request's thread) on `verify_core`, the draft side
+    (the drafter's helper thread, or the pipeline's draft worker) on `draft_core`, one compute thread each, in
+    every pipeline mode -- so sequential decoding gets exactly the compute the pipeline gets. Pinning needs
+    per-thread CPU affinity (Linux) and two different usable cores (ConfigError otherwise)."""
 
     verify_core: int | None = None
     draft_core: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.verify_core is None and self.draft_core is None:
+            return
+        from mirrorsd.errors import ConfigError
+
+        if not hasattr(os, "sched_setaffinity"):
+            raise ConfigError("core pinning needs per-thread CPU affinity (Linux)", "run without pinning")
+        usable = os.sched_getaffinity(0)
+        if self.verify_core == self.draft_core or not {self.verify_core, self.draft_core} <= usable:
+            raise ConfigError(f"pinning needs two different usable cores, got {self.verify_core} and "
+                              f"{self.draft_core}", f"usable cores here: {sorted(usable)}")
+
+    @classmethod
+    def first_two(cls) -> CoreLayout:
+        """The verify side on the first usable core, the draft side on the second."""
+        usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        return cls(*(usable + [-1, -1])[:2])  # too few cores: __post_init__ says so
 
     @property
     def pinned(self) -> bool:
@@ -48,34 +69,16 @@ class CoreLayout:
                 else "cores shared")
 
 
-@dataclass(frozen=True)
-class CorePins:
-    """Separate compute, simulated on one CPU: the verify side (the request's thread) runs on core `verify`,
-    the draft side (the drafter's helper thread, or the pipeline's draft worker) on core `draft`, one compute
-    thread each, in every pipeline mode -- so sequential decoding gets exactly the compute the pipeline gets.
-    Linux only (per-thread affinity)."""
+class CorePins(CoreLayout):
+    """Deprecated spelling of a pinned CoreLayout: CorePins(verify, draft) is CoreLayout(verify, draft)."""
 
-    verify: int
-    draft: int
-
-    def __post_init__(self) -> None:
-        from mirrorsd.errors import ConfigError
-
-        if not hasattr(os, "sched_setaffinity"):
-            raise ConfigError("core pinning needs per-thread CPU affinity (Linux)", "run without pinning")
-        usable = os.sched_getaffinity(0)
-        if self.verify == self.draft or not {self.verify, self.draft} <= usable:
-            raise ConfigError(f"pinning needs two different usable cores, got {self.verify} and {self.draft}",
-                              f"usable cores here: {sorted(usable)}")
-
-    @classmethod
-    def first_two(cls) -> CorePins:
-        """The verify side on the first usable core, the draft side on the second."""
-        usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        return cls(*(usable + [-1, -1])[:2])  # too few cores: __post_init__ says so
+    def __init__(self, verify: int, draft: int) -> None:
+        warnings.warn("CorePins is deprecated: use CoreLayout(verify_core, draft_core)", DeprecationWarning,
+                      stacklevel=2)
+        super().__init__(verify, draft)
 
     def layout(self) -> CoreLayout:
-        return CoreLayout(self.verify, self.draft)
+        return CoreLayout(self.verify_core, self.draft_core)
 
 
 @contextmanager

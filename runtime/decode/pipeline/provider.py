@@ -26,7 +26,7 @@ Per step, the model-free `helper` drafter (run inline) may serve instead, when i
 once, promises more tokens per second than waiting for the lookahead; it takes over for good when the
 pipelined drafter fails, returns garbage or times out (it is then dropped for the rest of the request).
 
-Lossless: only `verify` commits tokens, through the same step core as the inline loop. Drafts made
+Lossless: only `verify` commits tokens, through the same verify step as the inline loop (verify.py's DecodeState). Drafts made
 ahead of time are conditioned on the same context as drafts made afresh; which ones get used depends
 only on that context and the target's own randomness, so a seeded run reproduces the inline loop
 token for token (see ModelDrafter's context-keyed random stream).
@@ -38,13 +38,14 @@ import logging
 import time
 
 from mirrorsd.contracts import Draft, Drafter, ExitRequest, HintOutcome
-from mirrorsd.runtime.decode.branches import Hint
-from mirrorsd.runtime.decode.estimates import AcceptanceEstimate, Ema
-from mirrorsd.runtime.decode.lookahead import Lookahead, StepBranches, drain, fill
+from mirrorsd.runtime.decode.pipeline.branches import Hint
+from mirrorsd.runtime.decode.policy.estimates import AcceptanceEstimate, Ema
+from mirrorsd.runtime.decode.pipeline.lookahead import Lookahead, StepBranches, drain, fill
 from mirrorsd.runtime.decode.plan import DecodePlan
-from mirrorsd.runtime.decode.step import CheckedDrafter, Outcome, StepCore, drop_message
-from mirrorsd.runtime.decode.threads import CoreSharing
-from mirrorsd.runtime.decode.worker import Advance, DraftWorker, Rebase
+from mirrorsd.runtime.decode.drafting import CheckedDrafter, drop_message
+from mirrorsd.runtime.decode.verify import DecodeState, Outcome
+from mirrorsd.runtime.decode.pipeline.threads import CoreSharing
+from mirrorsd.runtime.decode.pipeline.worker import Advance, DraftWorker, Rebase
 
 log = logging.getLogger("mirrorsd")
 
@@ -52,11 +53,11 @@ class PipelinedProvider:
     """The verify worker's side of one request (a loop.DraftProvider): the draft worker and the lookahead it
     fills, the model-free helper, the early-exit plan and the CPU threads."""
 
-    def __init__(self, core: StepCore, drafter: Drafter | None, helper: Drafter | None, plan: DecodePlan) -> None:
-        config, target = core.config, core.target
+    def __init__(self, state: DecodeState, drafter: Drafter | None, helper: Drafter | None, plan: DecodePlan) -> None:
+        config, target = state.config, state.target
         threads, draft_core = plan.threads, plan.draft_core
-        self.core, self.draft_core = core, draft_core
-        self.helper = CheckedDrafter(helper, None, config, target.vocab_size, core.timeline, draft_core)
+        self.state, self.draft_core = state, draft_core
+        self.helper = CheckedDrafter(helper, None, config, target.vocab_size, state.timeline, draft_core)
         self.look = Lookahead()
         self.fresh = True  # the lookahead was (re)started from the committed history since the last draft
         self.verify_seconds = Ema(0.7)
@@ -74,10 +75,10 @@ class PipelinedProvider:
     # -- the provider's steps -----------------------------------------------------------------------
 
     def draft(self) -> tuple[Draft, ExitRequest | None]:
-        k = self.core.step_k()
+        k = self.state.step_k()
         draft, self.helper_served = self.pick_draft(k)
         # A helper draft was weighed against waiting for the lookahead, not against a plain step: verified whole.
-        draft = self.core.prepare(draft, k, whole=self.helper_served)
+        draft = self.state.fit(draft, k, whole=self.helper_served)
         return draft, self.early_exit(draft, self.helper_served)
 
     def learn(self, draft: Draft, outcome: Outcome, waited: float) -> tuple[str | None, HintOutcome | None]:
@@ -96,18 +97,18 @@ class PipelinedProvider:
             draft = self._lookahead_draft(k)
             if self.worker is not None:
                 return draft, False
-        return self.helper.propose(self.core.committed, k), False
+        return self.helper.propose(self.state.committed, k), False
 
     def early_exit(self, draft: Draft, helper_served: bool) -> ExitRequest | None:
         """When the step is likely to leave the lookahead, send the worker its branch candidates: the draft's
         own at once (branch_source "draft"), or the pass's early-exit top-kappa midway (the ExitRequest)."""
         self.hint = None
         if (self.worker is None or not self.branch_source or not draft.tokens or helper_served
-                or not self.core.policy.wants_branches(len(draft.tokens))):
+                or not self.state.policy.wants_branches(len(draft.tokens))):
             return None
-        worker, config = self.worker, self.core.config
-        hint_args = (len(self.core.committed), tuple(draft.tokens),
-                     time.perf_counter() + (self.verify_seconds.value or 0.0), max(1, self.core.policy.schedule.k))
+        worker, config = self.worker, self.state.config
+        hint_args = (len(self.state.committed), tuple(draft.tokens),
+                     time.perf_counter() + (self.verify_seconds.value or 0.0), max(1, self.state.policy.schedule.k))
 
         def publish(ids, logp, alpha: float | None = None) -> None:
             base, drafted, deadline, branch_k = hint_args
@@ -118,7 +119,7 @@ class PipelinedProvider:
             k = len(draft.tokens)
             candidates = self.look.candidates(k) if self.look.tokens[:k] == draft.tokens else None
             if candidates is not None:
-                publish(*candidates, alpha=self.core.policy.branch_alpha())
+                publish(*candidates, alpha=self.state.policy.branch_alpha())
             return None
         return ExitRequest(self.exit_layer, config.branch_width, publish)
 
@@ -126,14 +127,14 @@ class PipelinedProvider:
         """After commit(): tell the worker where the step landed (Advance on the lookahead, Rebase
         elsewhere, onto a prepared branch if one matches). Returns "hit"/"miss" for hinted steps that
         left the lookahead, and for every hinted step how it ended against its hint."""
-        self.helper.accepted(self.core.committed, outcome.n_accepted)
+        self.helper.accepted(self.state.committed, outcome.n_accepted)
         if self.worker is None:
             return None, None
-        new, committed, hint = outcome.tokens, self.core.committed, self.hint
+        new, committed, hint = outcome.tokens, self.state.committed, self.hint
         base = len(committed) - len(new)
         branches = drain(self.worker, self.look, base, base if hint else None)
         record = self._measure(hint, outcome, branches) if hint else None
-        limit = self._limit(self.core.policy.schedule.k)
+        limit = self._limit(self.state.policy.schedule.k)
         if self.look.tokens[:len(new)] == new:
             self.look.advance(len(new))
             self.worker.draft_queue.put(Advance(len(committed), limit, outcome.n_accepted))
@@ -156,15 +157,15 @@ class PipelinedProvider:
                            None if branches.planned is None else len(branches.planned), branches.ready)
 
     def update_estimates(self, draft: Draft, helper_served: bool, outcome: Outcome, waited: float) -> None:
-        """The step core's estimators (the steps the helper served feed only the helper's acceptance)."""
-        if self.core.generated > len(outcome.tokens):  # the first step carries the prompt prefill
+        """The estimators (the steps the helper served feed only the helper's acceptance)."""
+        if self.state.generated > len(outcome.tokens):  # the first step carries the prompt prefill
             self.verify_seconds.update(outcome.seconds)
         n_drafted = len(draft.tokens)
         if helper_served:
             self.helper_acceptance.update(n_drafted, outcome.n_accepted)
         # The worker drafted while the target verified: its cost is its own drafting time, not the wait.
         cost = n_drafted * (self.worker.token_seconds.value or 0.0) if self.worker and not helper_served else waited
-        self.core.learn(n_drafted, cost, outcome, waited + outcome.seconds, schedule=not helper_served)
+        self.state.learn(n_drafted, cost, outcome, waited + outcome.seconds, schedule=not helper_served)
 
     def take_fault(self) -> str | None:
         fault, self.fault = self.fault or self.helper.take_fault(), None
@@ -177,13 +178,13 @@ class PipelinedProvider:
     # -- helpers -----------------------------------------------------------------------------------
 
     def _start_worker(self, drafter: Drafter, threads: tuple[int, int] | None) -> None:
-        target = self.core.target
+        target = self.state.target
         if threads and target.threads is not None:
             target.threads.set_threads(threads[0])
-        worker = DraftWorker(drafter, self.core.config, self.core.timeline, target.vocab_size,
+        worker = DraftWorker(drafter, self.state.config, self.state.timeline, target.vocab_size,
                              threads[1] if threads else None,
                              # the draft's first choice is the drafted token itself: kappa alternatives after it
-                             self.core.config.branch_width + 1 if self.branch_source == "draft" else 0, self.draft_core)
+                             self.state.config.branch_width + 1 if self.branch_source == "draft" else 0, self.draft_core)
         if not worker.start():
             self.fault = drop_message(drafter, RuntimeError("still busy in a call from an earlier request"))
             self._restore_threads()
@@ -193,27 +194,27 @@ class PipelinedProvider:
             self.sharing = CoreSharing(target.threads, lambda: worker.drafting, threads)
         # Where the first step prefills the target alone, K is chosen from costs measured after it: the worker
         # may draft for the largest K meanwhile (its core is otherwise idle through the longest pass).
-        schedule = self.core.policy.schedule
+        schedule = self.state.policy.schedule
         k = schedule.max_k if schedule.prefill_alone else schedule.k
-        worker.draft_queue.put(Rebase(self.look.epoch, tuple(self.core.committed), (), self._limit(k), None))
+        worker.draft_queue.put(Rebase(self.look.epoch, tuple(self.state.committed), (), self._limit(k), None))
 
     def _limit(self, k: int) -> int:
         """How far past the committed history the worker may draft: this step's K, the next step's K, and
         the bonus position between them."""
-        return len(self.core.committed) + 2 * k + 1
+        return len(self.state.committed) + 2 * k + 1
 
     def _helper_draft(self, k: int) -> Draft | None:
         """The helper's draft, made now, if verifying it promises more tokens per second than
         waiting for the lookahead (expected tokens per step, Leviathan, over the step's time)."""
-        if not (self.core.policy.may_serve_helper() and self.helper.active and self.verify_seconds.value):
+        if not (self.state.policy.may_serve_helper() and self.helper.active and self.verify_seconds.value):
             return None
-        drain(self.worker, self.look, len(self.core.committed), None)
+        drain(self.worker, self.look, len(self.state.committed), None)
         wait_k = self._wait_k(k)
         if len(self.look.tokens) >= wait_k or self.look.stalled_at is not None:
             return None
-        draft = self.helper.propose(self.core.committed, k)
+        draft = self.helper.propose(self.state.committed, k)
         wait = (wait_k - len(self.look.tokens)) * (self.worker.token_seconds.value or 0.0)
-        pays = self.core.policy.helper_pays(self.helper_acceptance.alpha, len(draft.tokens), wait_k, wait,
+        pays = self.state.policy.helper_pays(self.helper_acceptance.alpha, len(draft.tokens), wait_k, wait,
                                            self.verify_seconds.value)
         return draft if pays else None
 
@@ -221,16 +222,16 @@ class PipelinedProvider:
         """How many lookahead tokens this step waits for: the whole K; on a fresh lookahead (after a
         miss) the schedule's fresh_k; none at the request's first step where the schedule prefills the target
         alone. Seeded sampling's schedule does neither (reproducible drafts)."""
-        schedule = self.core.policy.schedule
-        if self.core.generated == 0 and schedule.prefill_alone:
+        schedule = self.state.policy.schedule
+        if self.state.generated == 0 and schedule.prefill_alone:
             return 0
         return min(k, schedule.fresh_k) if self.fresh else k
 
     def _lookahead_draft(self, k: int) -> Draft:
         """Up to `k` lookahead tokens, waiting for the worker until it has sent `_wait_k(k)`; drops the
         worker on a fault."""
-        reason = fill(self.worker, self.look, len(self.core.committed), self._wait_k(k),
-                      self.core.config.draft_timeout_s)
+        reason = fill(self.worker, self.look, len(self.state.committed), self._wait_k(k),
+                      self.state.config.draft_timeout_s)
         if reason is not None:
             self.fault = drop_message(self.worker.drafter, RuntimeError(reason))
             self._stop_worker()
@@ -252,4 +253,4 @@ class PipelinedProvider:
 
     def _restore_threads(self) -> None:
         if self.saved_threads is not None:
-            self.core.target.threads.set_threads(self.saved_threads)
+            self.state.target.threads.set_threads(self.saved_threads)

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from mirrorsd.contracts import CausalLM, Draft
-from mirrorsd.runtime.decode.estimates import AcceptanceEstimate
-from mirrorsd.runtime.decode.speedup import expected_tokens_per_step
+from mirrorsd.runtime.decode.policy.estimates import AcceptanceEstimate
+from mirrorsd.runtime.decode.policy.speedup import expected_tokens_per_step
 
 LONGEST_CLASS = 4
 """Matches this long or longer form one class per source."""

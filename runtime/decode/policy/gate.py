@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mirrorsd.runtime.decode.estimates import Ema
+from mirrorsd.runtime.decode.policy.estimates import Ema
 
 
 class SpeculationGate:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Draft
-from mirrorsd.runtime.decode.gate import SpeculationGate
-from mirrorsd.runtime.decode.match_classes import MatchClasses
-from mirrorsd.runtime.decode.schedule import make_schedule
-from mirrorsd.runtime.decode.speedup import expected_tokens_per_step
+from mirrorsd.runtime.decode.policy.gate import SpeculationGate
+from mirrorsd.runtime.decode.policy.match_classes import MatchClasses
+from mirrorsd.runtime.decode.policy.schedule import make_schedule
+from mirrorsd.runtime.decode.policy.speedup import expected_tokens_per_step
 
 MIN_MISS_FOR_BRANCHES = 0.5
 """Early exit is requested only for steps predicted to leave the lookahead at least this often

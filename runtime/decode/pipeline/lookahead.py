@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mirrorsd.contracts import BranchState
-from mirrorsd.runtime.decode.worker import (BranchChunk, BranchesPlanned, Chunk, DraftWorker, Extend, Ranks, Stalled,
+from mirrorsd.runtime.decode.pipeline.worker import (BranchChunk, BranchesPlanned, Chunk, DraftWorker, Extend, Ranks, Stalled,
                                             WorkerFailed)
 
 Prepared = tuple[list[int], list, list]

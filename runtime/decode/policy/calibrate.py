@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from mirrorsd.contracts import CausalLM, DraftModel
-from mirrorsd.runtime.decode.threads import CoreLayout, pinned
+from mirrorsd.runtime.decode.pipeline.threads import CoreLayout, pinned
 
 log = logging.getLogger("mirrorsd")
 
@@ -139,7 +139,7 @@ def _side_by_side(target: CausalLM, draft_lm: CausalLM, context: list[int], draf
 class CalibrationStore:
     """Calibrations kept across processes: a JSON object in `path` mapping a key (the models as loaded, the
     core layout, K, the machine and mirrorsd's version: see `key`) to `Costs`, or to the target's verify-cost
-    curve (runtime/decode/verify_curve.py). Writes hold a file lock and
+    curve (runtime/decode/policy/verify_curve.py). Writes hold a file lock and
     replace the file atomically, so concurrent processes never interleave. A file that cannot be read (or an
     entry that is not a calibration) is treated as absent: the calibration runs again and the file is
     rewritten. Delete the file to recalibrate."""
@@ -166,7 +166,7 @@ class CalibrationStore:
         self._put(key, {f.name: getattr(costs, f.name) for f in fields(Costs)})
 
     def get_curve(self, key: str) -> tuple[float, ...] | None:
-        """A verify-cost curve (runtime/decode/verify_curve.py) kept under key: 1.0 at K = 0, every cost positive."""
+        """A verify-cost curve (runtime/decode/policy/verify_curve.py) kept under key: 1.0 at K = 0, every cost positive."""
         curve = self._read().get(key)
         if (isinstance(curve, list) and curve and curve[0] == 1.0
                 and all(isinstance(c, (int, float)) and not isinstance(c, bool) and 0 < c < float("inf") for c in curve)):

@@ -32,7 +32,7 @@ is the ratio of the mixture's tokens to its cost (coverage=1, the default, is Le
 `verify_cost`, where given, is the measured curve instead: the pass over K drafted tokens costs
 verify_cost(K) units (not assumed monotone: a kernel that starts at 4 rows can make K+1 = 4 cost no more
 than K+1 = 2). With growth = 0 these are upper bounds to check against a measured run; the K schedule
-(runtime/decode/schedule.py) follows the target's measured curve.
+(runtime/decode/policy/schedule.py) follows the target's measured curve.
 """
 
 from __future__ import annotations

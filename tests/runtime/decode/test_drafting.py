@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from mirrorsd import Draft, GenerationConfig
-from mirrorsd.runtime.decode.step import CheckedDrafter
+from mirrorsd.runtime.decode.drafting import CheckedDrafter
 from mirrorsd.runtime.timeline import Timeline
 
 

@@ -1,8 +1,8 @@
-"""The step core: what every decode loop does around one verify step, written once.
+"""Checked drafting: a drafter's calls guarded so that nothing it does can change the output.
 
-A draft provider (loop.py, pipeline.py) decides only *where a draft comes from* and *when*. Everything else
-is here: the draft length K, checked drafting with a helper (`CheckedDrafter`), the verify pass and the
-lossless `verify` call, committing, the estimators (K schedule, speculation gate) and the `Step` record.
+`CheckedDrafter` runs the drafter (on a helper thread unless its calls are `bounded`), checks each draft against
+the contract (`check_draft`), and on the first fault -- an exception, a draft that breaks the contract, no
+answer within draft_timeout_s -- drops it for the request and hands over to the helper drafter.
 """
 
 from __future__ import annotations
@@ -11,111 +11,16 @@ import logging
 import numbers
 import queue
 import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.contracts import (CausalLM, Draft, Drafter, ExitRequest, HintOutcome, Step, ThreadControl,
-                                TokenLogprob)
-from mirrorsd.errors import ModelOutputError
-from mirrorsd.runtime.decode import match_classes, verify_curve
-from mirrorsd.runtime.decode.policy import StepPolicy
-from mirrorsd.runtime.decode.threads import draft_control, leave_signals_to_the_main_thread, pinned
-from mirrorsd.runtime.timeline import DRAFT, VERIFY, Timeline
-from mirrorsd.rejection import verify
-from mirrorsd.sampling import token_logprobs
-from mirrorsd.structured import GrammarConstraint, apply_masks
+from mirrorsd.contracts import Draft, Drafter, ThreadControl
+from mirrorsd.runtime.decode.pipeline.threads import draft_control, leave_signals_to_the_main_thread, pinned
+from mirrorsd.runtime.timeline import DRAFT, Timeline
 
 log = logging.getLogger("mirrorsd")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one verify pass decided."""
-
-    n_accepted: int
-    tokens: list[int]  # accepted draft tokens + the correction or bonus token
-    start: float  # perf_counter() when the pass began
-    seconds: float  # score() + verify()
-    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token, when the request asks for them
-
-
-class StepCore:
-    """The request's committed history and the estimators every loop shares."""
-
-    def __init__(self, target: CausalLM, prompt_ids: Sequence[int], config: GenerationConfig,
-                 max_new_tokens: int, timeline: Timeline | None = None, overlapped: bool = False,
-                 constraint: GrammarConstraint | None = None) -> None:
-        self.target, self.config, self.constraint = target, config, constraint
-        self.timeline = timeline or Timeline()
-        self.rng = np.random.default_rng(config.seed)
-        self.committed = list(prompt_ids)
-        self.prompt_len = len(self.committed)
-        self.max_new_tokens, self.generated = max_new_tokens, 0
-        self.policy = StepPolicy(config, overlapped, curve=verify_curve.known(target),
-                                 matches=match_classes.shared(target))
-
-    @property
-    def done(self) -> bool:
-        return self.generated >= self.max_new_tokens
-
-    def step_k(self) -> int:
-        """Draft tokens this step may carry (0: a plain decode step). The step commits at most k + 1
-        tokens: never draft past max_new_tokens or the context, nor while the gate is closed."""
-        return self.policy.draft_length(min(self.max_new_tokens - self.generated - 1,
-                                            self.target.max_context - len(self.committed) - 1))
-
-    def prepare(self, draft: Draft, k: int, whole: bool = False) -> Draft:
-        """The draft as this step verifies it: under a grammar (structured output), up to its first token the
-        grammar forbids, or the tokens the grammar forces next where those are more; then a model-free draft cut
-        to the length its match class pays for against a plain step (StepPolicy.fit; whole: not cut)."""
-        if self.constraint is not None:
-            draft = self._constrain(draft, k)
-        return self.policy.fit(draft, whole)
-
-    def _constrain(self, draft: Draft, k: int) -> Draft:
-        tokens = self.constraint.clip(draft.tokens) if draft.tokens else []
-        forced = self.constraint.forced(k)
-        if len(forced) > len(tokens):
-            return Draft(forced, None, "grammar")
-        probs = None if draft.probs is None else draft.probs[: len(tokens)]
-        return draft if len(tokens) == len(draft.tokens) else Draft(tokens, probs, draft.source, draft.match)
-
-    def verify(self, draft: Draft, exit_request: ExitRequest | None = None) -> Outcome:
-        """Score the draft in one target pass (publishing early-exit hints if asked) and verify it against the
-        target's distribution, masked by the request's grammar if it has one."""
-        with self.timeline.span(VERIFY, "verify", k=len(draft.tokens)) as span:
-            start = time.perf_counter()
-            if exit_request is None:
-                logits = self.target.score(self.committed, draft.tokens)  # [k+1, V]
-            else:
-                logits = self.target.early_exit.score_with_exit(self.committed, draft.tokens, exit_request)
-            if self.generated == 0:  # the request's first pass: damaged weights show at once
-                check_logits(logits, self.target)
-            allowed = logits if self.constraint is None else apply_masks(logits, self.constraint.masks(draft.tokens))
-            n_accepted, tokens = verify(draft, allowed, self.config.sampling, self.rng, history=self.committed,
-                                        prompt_len=self.prompt_len)
-            span["accepted"] = n_accepted
-        top = self.config.logprobs
-        return Outcome(n_accepted, tokens, start, time.perf_counter() - start,
-                       None if top is None else token_logprobs(logits, tokens, top))
-
-    def commit(self, outcome: Outcome) -> None:
-        self.committed.extend(outcome.tokens)
-        self.generated += len(outcome.tokens)
-        if self.constraint is not None:
-            self.constraint.advance(outcome.tokens)
-
-    def learn(self, n_drafted: int, draft_seconds: float, outcome: Outcome, step_seconds: float,
-              schedule: bool = True) -> None:
-        """Feed the policy after commit(). schedule=False: the step was served by a drafter other than the one
-        the K schedule describes (the pipeline's model-free helper)."""
-        measured = self.generated > len(outcome.tokens)  # the first step carries the prompt prefill
-        self.policy.learn(n_drafted, outcome.n_accepted, outcome.tokens, draft_seconds, outcome.seconds,
-                          step_seconds, measured, schedule)
 
 
 class CheckedDrafter:
@@ -267,25 +172,6 @@ class _Caller:
                     continue
                 if answer is not None:
                     answer.put((True, result))
-
-
-def check_logits(logits, target: CausalLM) -> None:
-    """Logits [n, V] a model can have produced: finite, and not all equal in a row (ModelOutputError otherwise)."""
-    rows = logits.float()
-    finite = bool(rows.isfinite().all())
-    if not finite or bool((rows.amax(-1) == rows.amin(-1)).any()):
-        what = "NaN or infinite" if not finite else "all equal"
-        raise ModelOutputError(
-            f"the target ({target.backend}) produced logits that are {what}: its weights are damaged (a corrupted "
-            "model file) or the backend overflowed; nothing was generated",
-            "re-fetch the model (a catalog model: `mirrorsd rm NAME`, then `mirrorsd pull NAME`), or try another "
-            "--dtype / --backend")
-
-
-def make_step(draft: Draft, outcome: Outcome, draft_seconds: float, fault: str | None,
-              branch: str | None = None, hint: HintOutcome | None = None) -> Step:
-    return Step(outcome.tokens, len(draft.tokens), outcome.n_accepted, draft.source if draft.tokens else "none",
-                draft_seconds, outcome.seconds, fault, branch, outcome.logprobs, hint)
 
 
 def drop_message(drafter: Drafter, exc: Exception) -> str:

@@ -21,10 +21,10 @@ import numpy as np
 
 from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Draft, Drafter
-from mirrorsd.runtime.decode.branches import Branch, Hint, plan_branches
-from mirrorsd.runtime.decode.estimates import Ema
-from mirrorsd.runtime.decode.step import check_draft
-from mirrorsd.runtime.decode.threads import draft_control, leave_signals_to_the_main_thread, pinned
+from mirrorsd.runtime.decode.pipeline.branches import Branch, Hint, plan_branches
+from mirrorsd.runtime.decode.policy.estimates import Ema
+from mirrorsd.runtime.decode.drafting import check_draft
+from mirrorsd.runtime.decode.pipeline.threads import draft_control, leave_signals_to_the_main_thread, pinned
 from mirrorsd.runtime.timeline import DRAFT, Timeline
 
 # -- messages: verify worker -> draft worker (the draft queue) -------------------------------------

@@ -8,7 +8,7 @@ import torch
 from scipy.stats import chisquare
 
 from mirrorsd import Draft, SamplingParams, verify
-from mirrorsd.sampling import next_token_scores
+from mirrorsd.runtime.decode.sampling import next_token_scores
 from reference import process, verify_reference
 
 GREEDY = SamplingParams()
@@ -125,7 +125,7 @@ def test_top_p_on_a_large_vocabulary_keeps_what_transformers_keeps(top_p):
     transformers' full sort, on a 151,936-token vocabulary: peaked, middling and flat rows."""
     from transformers.generation.logits_process import TopPLogitsWarper
 
-    from mirrorsd.sampling import top_p_keep
+    from mirrorsd.runtime.decode.sampling import top_p_keep
 
     torch.manual_seed(1)
     logits = torch.randn(4, 151936) * torch.tensor([[8.0], [3.0], [1.0], [0.1]])

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from mirrorsd.config import GenerationConfig
-from mirrorsd.runtime.decode.estimates import AcceptanceEstimate, Ema
-from mirrorsd.runtime.decode.speedup import VerifyCost, speedup
+from mirrorsd.runtime.decode.policy.estimates import AcceptanceEstimate, Ema
+from mirrorsd.runtime.decode.policy.speedup import VerifyCost, speedup
 
 
 class DraftLengthSchedule:
@@ -41,13 +41,13 @@ class DraftLengthSchedule:
 
 class CostAwareSchedule:
     """K per step from measured costs: the k in [1, max_draft_tokens] with the highest predicted
-    speedup (runtime/decode/speedup.py), given the running acceptance estimate alpha and the measured cost
+    speedup (runtime/decode/policy/speedup.py), given the running acceptance estimate alpha and the measured cost
     ratio c.
 
     alpha comes from an AcceptanceEstimate. Costs are moving averages of the measured draft time per
     token and of the verify time per K (`VerifyCosts`): the target's own curve, whatever its shape (on
     llama.cpp's CPU kernels a pass over 4 positions can cost less than one over 3), starting from the
-    curve measured for this target (`curve`, runtime/decode/verify_curve.py) where there is one.
+    curve measured for this target (`curve`, runtime/decode/policy/verify_curve.py) where there is one.
     Until costs are measured it behaves like DraftLengthSchedule's starting K.
 
     Overlapped, K is also kept where drafting fits inside the verify pass (K c <= verify cost): past
@@ -120,7 +120,7 @@ class VerifyCosts:
     """Verify-pass seconds per K (draft tokens) as moving averages, and the pass cost per K in plain steps.
 
     A K measured in this request costs its own average; another K costs the prior curve's ratio (the
-    target's curve measured once, runtime/decode/verify_curve.py) or, without one, a least-squares line
+    target's curve measured once, runtime/decode/policy/verify_curve.py) or, without one, a least-squares line
     through the measured passes. The plain step is the K = 0 average, else inferred from the prior or
     the line."""
 

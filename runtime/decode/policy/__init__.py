@@ -1,0 +1,1 @@
+"""How much to draft: the K schedule, the speculation gate, match classes, verify costs and calibration."""
