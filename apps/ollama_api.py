@@ -100,7 +100,7 @@ def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
             raise OllamaError(400, "images are not supported by this server (a message carries some; it would "
                                    "be answered without them)")
         prompt = [{k: m[k] for k in ("role", "content", "tool_calls", "tool_name") if k in m} for m in messages]
-        ids, config = await asyncio.to_thread(prepare, engine, body, prompt, limits)  # tokenising: off the loop
+        ids, config = await asyncio.to_thread(encode_request, engine, body, prompt, limits)  # tokenising: off the loop
         return await run(request, body, ids, config, chat=True)
 
     @app.post("/api/generate")
@@ -115,7 +115,7 @@ def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
         system = body.get("system") or ""
         request_prompt = prompt if body.get("raw") else (
             ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}])
-        ids, config = await asyncio.to_thread(prepare, engine, body, request_prompt, limits)
+        ids, config = await asyncio.to_thread(encode_request, engine, body, request_prompt, limits)
         return await run(request, body, ids, config, chat=False)
 
     @app.get("/api/tags")
@@ -151,7 +151,7 @@ def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
         return {"version": API_VERSION}
 
 
-def prepare(engine, body: dict, prompt, limits) -> tuple[list[int], GenerationConfig]:
+def encode_request(engine, body: dict, prompt, limits) -> tuple[list[int], GenerationConfig]:
     """The request's token ids and GenerationConfig from ollama's fields and options."""
     unsupported = [f for f in UNSUPPORTED_FIELDS if body.get(f) not in (None, [], {}, "", False)]
     if unsupported:

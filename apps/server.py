@@ -289,7 +289,7 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
                               param="model", code="model_not_found")
         return model_card
 
-    def prepare(body: _Request, prompt, tools: list[dict] | None = None,
+    def encode_request(body: _Request, prompt, tools: list[dict] | None = None,
                 grammar: str | None = None) -> tuple[list[int], GenerationConfig]:
         refused = _refused(body.model_extra or {})
         if refused:
@@ -321,7 +321,7 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
     async def chat_completions(body: ChatRequest, request: Request):
         messages = [_message(m) for m in body.messages]
         tools, grammar = _tool_settings(body.model_extra or {}, body.response_format is not None, engine.tokenizer)
-        ids, config = await asyncio.to_thread(prepare, body, messages, tools, grammar)  # tokenising: off the loop
+        ids, config = await asyncio.to_thread(encode_request, body, messages, tools, grammar)  # tokenising: off the loop
         return await respond(request, body, ids, config, chat=True, tools_active=grammar is not None)
 
     @app.post("/v1/completions")
@@ -333,7 +333,7 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
             if len(prompt) != 1:
                 raise OpenAIError(400, "send one prompt per request", param="prompt", code="invalid_value")
             prompt = prompt[0]
-        ids, config = await asyncio.to_thread(prepare, body, prompt)
+        ids, config = await asyncio.to_thread(encode_request, body, prompt)
         return await respond(request, body, ids, config, chat=False)
 
     async def respond(request: Request, body: _Request, ids: list[int], config: GenerationConfig, chat: bool,

@@ -20,6 +20,7 @@ from typing import Literal, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from mirrorsd._deprecated import renamed
 from mirrorsd.config import GenerationConfig
 
 ComputeKind = Literal["cpu", "gpu", "npu"]
@@ -54,13 +55,13 @@ class Step:
 
     tokens: list[int]
     """Committed this step: the accepted draft tokens + the correction or bonus token."""
-    n_drafted: int
-    n_accepted: int
+    drafted_tokens: int
+    accepted_tokens: int
     source: str
     """The drafter that served this step ("none" for a plain decode step)."""
-    draft_time: float
+    draft_time_s: float
     """Seconds the step waited for its draft (pipeline off: spent in propose)."""
-    verify_time: float
+    verify_time_s: float
     """Seconds spent in score() + verify()."""
     fallback: str | None = None
     """Why a drafter was dropped during this step, if one was."""
@@ -72,6 +73,12 @@ class Step:
     hint: HintOutcome | None = None
     """Pipeline with branches: how a hinted step (one whose candidates reached the draft worker) ended,
     measured against its hint; None for steps without a hint."""
+
+    # the names these fields had before they took GenerationStats' names
+    n_drafted = renamed("drafted_tokens", "n_drafted")
+    n_accepted = renamed("accepted_tokens", "n_accepted")
+    draft_time = renamed("draft_time_s", "draft_time")
+    verify_time = renamed("verify_time_s", "verify_time")
 
 
 BranchState = Literal["ready", "drafting", "queued", "none"]
@@ -199,7 +206,7 @@ class Drafter(Protocol):
     """Where the drafter learns from finished requests (retrieval appends replies to its datastore)."""
     bounded: bool
     """Every call returns promptly, computing in memory on the host (mirrorsd's n-gram and retrieval lookups): it
-    runs on the request's own thread. False: it runs on a helper thread the request can abandon if it hangs
+    runs on the request's own thread. False: it runs on a drafting thread the request can abandon if it hangs
     (a model, I/O, anyone else's code), at the cost of a thread hand-off per call."""
 
     def start(self, config: GenerationConfig) -> None:

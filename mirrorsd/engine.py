@@ -456,15 +456,15 @@ class _Reply:
         return step.tokens
 
     def events(self, step, kept: list[int], index: int, stats) -> Iterator[TokenEvent]:
-        delta = StepStats(step.n_drafted, step.n_accepted, len(kept), step.source, step.draft_time, step.verify_time)
+        delta = StepStats(step.drafted_tokens, step.accepted_tokens, len(kept), step.source, step.draft_time_s, step.verify_time_s)
         for j, token in enumerate(kept):
             self.tokens.append(token)
-            self.from_draft.append(j < step.n_accepted)
+            self.from_draft.append(j < step.accepted_tokens)
             logprob = None if step.logprobs is None else step.logprobs[j]
             if self.logprobs is not None:
                 self.logprobs.append(logprob)
             piece, stopped = self.text.push(token)
-            yield TokenEvent(token, piece, j < step.n_accepted, index, stats, logprob, delta)
+            yield TokenEvent(token, piece, j < step.accepted_tokens, index, stats, logprob, delta)
             if stopped:
                 self.finish = "stop"
                 return

@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
+from mirrorsd._deprecated import renamed
+
 if TYPE_CHECKING:
     from mirrorsd.contracts import TokenLogprob
 
@@ -230,16 +232,16 @@ class StatsRecorder:
     def add(self, step, committed_tokens: int) -> None:
         s = self.values
         if not s["verify_steps"]:
-            s["prompt_time_s"] = step.verify_time
+            s["prompt_time_s"] = step.verify_time_s
         s["verify_steps"] += 1
         s["generated_tokens"] += committed_tokens
-        s["drafted_tokens"] += step.n_drafted
-        s["accepted_tokens"] += step.n_accepted
-        s["draft_time_s"] += step.draft_time
-        s["verify_time_s"] += step.verify_time
+        s["drafted_tokens"] += step.drafted_tokens
+        s["accepted_tokens"] += step.accepted_tokens
+        s["draft_time_s"] += step.draft_time_s
+        s["verify_time_s"] += step.verify_time_s
         s["drafters"][step.source] += 1
-        if step.n_drafted:
-            add_drafter_tokens(s["drafter_tokens"], step.source, step.n_drafted, step.n_accepted)
+        if step.drafted_tokens:
+            add_drafter_tokens(s["drafter_tokens"], step.source, step.drafted_tokens, step.accepted_tokens)
         if step.fallback:
             s["fallbacks"].append(step.fallback)
         s["branch_hits"] += step.branch == "hit"
@@ -247,12 +249,12 @@ class StatsRecorder:
         if step.hint is not None:
             self._add_hint(step.hint)
         drafted, accepted = s["per_position_drafted"], s["per_position_accepted"]
-        while len(drafted) < step.n_drafted:
+        while len(drafted) < step.drafted_tokens:
             drafted.append(0)
             accepted.append(0)
-        for i in range(step.n_drafted):
+        for i in range(step.drafted_tokens):
             drafted[i] += 1
-            accepted[i] += i < step.n_accepted
+            accepted[i] += i < step.accepted_tokens
 
     def _add_hint(self, hint) -> None:
         s = self.values
@@ -298,12 +300,19 @@ class TokenEvent:
 class StepStats:
     """One verify step's share of the statistics: what `TokenEvent.stats` grew by with that step."""
 
-    drafted: int  # draft tokens verified
-    accepted: int  # of those, accepted
-    committed: int  # tokens committed: the accepted ones + the correction or bonus token (up to an EOS)
+    drafted_tokens: int  # draft tokens verified
+    accepted_tokens: int  # of those, accepted
+    committed_tokens: int  # tokens committed: the accepted ones + the correction or bonus token (up to an EOS)
     source: str  # the drafter that served the step ("none": a plain step)
-    draft_s: float  # seconds the step waited for its draft
-    verify_s: float  # seconds in the verify pass
+    draft_time_s: float  # seconds the step waited for its draft
+    verify_time_s: float  # seconds in the verify pass
+
+    # the names these fields had before they took GenerationStats' names
+    drafted = renamed("drafted_tokens", "drafted")
+    accepted = renamed("accepted_tokens", "accepted")
+    committed = renamed("committed_tokens", "committed")
+    draft_s = renamed("draft_time_s", "draft_s")
+    verify_s = renamed("verify_time_s", "verify_s")
 
 
 @dataclass(frozen=True)

@@ -72,14 +72,14 @@ def without(variant: str):
             self._asked = n_drafted > 0
             return learn(self, n_drafted, *args, **kwargs)
         return StepPolicy, "learn", learn_verified
-    if variant == "helper thread":
+    if variant == "drafting thread":
         return drafting, "_caller_for", lambda drafter, core: None if drafter is None else drafting._Caller(core)
     raise ValueError(variant)
 
 
 VARIANTS = {"uncut": "every model-free draft verified as proposed",
             "gate on verified drafts": "the gate counts a step as drafting only if it verified a draft",
-            "helper thread": "the drafter runs on a helper thread"}
+            "drafting thread": "the drafter runs on a drafting thread"}
 """--ab --variant: the choice undone, and what the run does instead."""
 
 

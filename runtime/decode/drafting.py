@@ -1,6 +1,6 @@
 """Checked drafting: a drafter's calls guarded so that nothing it does can change the output.
 
-`CheckedDrafter` runs the drafter (on a helper thread unless its calls are `bounded`), checks each draft against
+`CheckedDrafter` runs the drafter (on a drafting thread unless its calls are `bounded`), checks each draft against
 the contract (`check_draft`), and on the first fault -- an exception, a draft that breaks the contract, no
 answer within draft_timeout_s -- drops it for the request and hands over to the helper drafter.
 """
@@ -26,8 +26,8 @@ log = logging.getLogger("mirrorsd")
 class CheckedDrafter:
     """Checked drafting for a loop that drafts between verify steps: the drafter until its first fault (an
     exception, a draft that breaks the contract, or no answer within draft_timeout_s), then the helper,
-    then nothing. A fault costs speed, never output; `take_fault()` reports it once, for the step's record.
-    Drafters run on a helper thread so that one that hangs can be abandoned (a `bounded` one, whose calls
+    then nothing. A fault costs speed, never output; `take_fallback()` reports it once, for the step's record.
+    Drafters run on a drafting thread so that one that hangs can be abandoned (a `bounded` one, whose calls
     return promptly, on the calling thread: a hand-off costs more than its lookup), and see the committed
     history as a tuple: nothing a drafter does can write to it."""
 
@@ -37,7 +37,7 @@ class CheckedDrafter:
         bounded one runs on the calling thread)."""
         self.config, self.vocab_size, self.timeline = config, vocab_size, timeline
         self.drafter, self.helper, self.core = drafter, helper, core
-        self._fault: str | None = None
+        self._fallback: str | None = None
         self._caller = _caller_for(drafter, core)
         self._start()
 
@@ -55,7 +55,7 @@ class CheckedDrafter:
                 span["tokens"] = len(draft.tokens)
             return draft
         except Exception as exc:  # a failing drafter costs speed, never output
-            self._drop(exc)
+            self._fall_back(exc)
             return Draft.empty()
 
     def accepted(self, committed: Sequence[int], n_accepted: int) -> None:
@@ -64,9 +64,9 @@ class CheckedDrafter:
         if self.drafter is not None:
             self._caller.post(self.drafter.accepted, (tuple(committed), n_accepted))
 
-    def take_fault(self) -> str | None:
-        fault, self._fault = self._fault, None
-        return fault
+    def take_fallback(self) -> str | None:
+        fallback, self._fallback = self._fallback, None
+        return fallback
 
     def close(self) -> None:
         if self._caller is not None:
@@ -79,10 +79,10 @@ class CheckedDrafter:
     def _call(self, fn, *args):
         return self._caller.call(fn, args, self.config.draft_timeout_s)
 
-    def _drop(self, exc: Exception) -> None:
-        self._fault = drop_message(self.drafter, exc)
+    def _fall_back(self, exc: Exception) -> None:
+        self._fallback = fallback_message(self.drafter, exc)
         self.drafter, self.helper = self.helper, None
-        self._caller.close()  # a stuck helper thread is left there; a new one serves the helper
+        self._caller.close()  # a stuck drafting thread is left there; a new one serves the helper drafter
         self._caller = _caller_for(self.drafter, self.core)
         self._start()
 
@@ -91,7 +91,7 @@ class CheckedDrafter:
             try:
                 self._call(self.drafter.start, self.config)
             except Exception as exc:
-                self._drop(exc)
+                self._fall_back(exc)
 
 
 def _nothing() -> None:
@@ -174,7 +174,7 @@ class _Caller:
                     answer.put((True, result))
 
 
-def drop_message(drafter: Drafter, exc: Exception) -> str:
+def fallback_message(drafter: Drafter, exc: Exception) -> str:
     """Log that a drafter is dropped for the rest of the request; the reason, for the stats."""
     reason = f"drafter {drafter.name!r} dropped: {exc}"
     log.warning("%s; continuing without drafting", reason)

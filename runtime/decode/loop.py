@@ -37,7 +37,7 @@ class DraftProvider(Protocol):
         """After commit: update the estimators and the drafter with where the step landed (`waited`: the
         seconds from the step's start to its verify pass). Returns the step's branch result and hint record."""
 
-    def take_fault(self) -> str | None:
+    def take_fallback(self) -> str | None:
         """The reason a drafter was dropped during this step, once."""
 
     def close(self) -> None:
@@ -60,12 +60,12 @@ class InlineProvider:
         return self.state.fit(self.drafting.propose(self.state.committed, k), k), None
 
     def learn(self, draft: Draft, outcome: Outcome, waited: float) -> tuple[str | None, HintOutcome | None]:
-        self.drafting.accepted(self.state.committed, outcome.n_accepted)
-        self.state.learn(len(draft.tokens), waited, outcome, waited + outcome.seconds)
+        self.drafting.accepted(self.state.committed, outcome.accepted_tokens)
+        self.state.learn(len(draft.tokens), waited, outcome, waited + outcome.verify_time_s)
         return None, None
 
-    def take_fault(self) -> str | None:
-        return self.drafting.take_fault()
+    def take_fallback(self) -> str | None:
+        return self.drafting.take_fallback()
 
     def close(self) -> None:
         self.drafting.close()
@@ -87,6 +87,6 @@ def run_plan(state: DecodeState, drafter: Drafter | None, helper: Drafter | None
             state.commit(outcome)
             waited = outcome.start - start
             branch, hint = provider.learn(draft, outcome, waited)
-            yield make_step(draft, outcome, waited, provider.take_fault(), branch, hint)
+            yield make_step(draft, outcome, waited, provider.take_fallback(), branch, hint)
     finally:
         provider.close()

@@ -102,10 +102,10 @@ def _fit_width(q: np.ndarray, vocab: int) -> np.ndarray:
 class Outcome:
     """What one verify pass decided."""
 
-    n_accepted: int
+    accepted_tokens: int
     tokens: list[int]  # accepted draft tokens + the correction or bonus token
     start: float  # perf_counter() when the pass began
-    seconds: float  # score() + verify()
+    verify_time_s: float  # score() + verify()
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token, when the request asks for them
 
 
@@ -181,7 +181,7 @@ class DecodeState:
         """Feed the policy after commit(). schedule=False: the step was served by a drafter other than the one
         the K schedule describes (the pipeline's model-free helper)."""
         measured = self.generated > len(outcome.tokens)  # the first step carries the prompt prefill
-        self.policy.learn(n_drafted, outcome.n_accepted, outcome.tokens, draft_seconds, outcome.seconds,
+        self.policy.learn(n_drafted, outcome.accepted_tokens, outcome.tokens, draft_seconds, outcome.verify_time_s,
                           step_seconds, measured, schedule)
 
 
@@ -198,7 +198,7 @@ def check_logits(logits, target: CausalLM) -> None:
             "--dtype / --backend")
 
 
-def make_step(draft: Draft, outcome: Outcome, draft_seconds: float, fault: str | None,
+def make_step(draft: Draft, outcome: Outcome, draft_seconds: float, fallback: str | None,
               branch: str | None = None, hint: HintOutcome | None = None) -> Step:
-    return Step(outcome.tokens, len(draft.tokens), outcome.n_accepted, draft.source if draft.tokens else "none",
-                draft_seconds, outcome.seconds, fault, branch, outcome.logprobs, hint)
+    return Step(outcome.tokens, len(draft.tokens), outcome.accepted_tokens, draft.source if draft.tokens else "none",
+                draft_seconds, outcome.verify_time_s, fallback, branch, outcome.logprobs, hint)

@@ -113,7 +113,7 @@ def test_stream_events_carry_text_provenance_and_stats(target_model, tokenizer):
     assert sum(s.accepted for s in steps.values()) == finish.stats.accepted_tokens == sum(map(bool, finish.result.from_draft))
     assert sum(s.drafted for s in steps.values()) == finish.stats.drafted_tokens
     assert {s.source for s in steps.values() if s.drafted} == set(finish.stats.drafter_tokens)
-    assert all(s.verify_s > 0 and s.accepted <= s.drafted for s in steps.values())
+    assert all(s.verify_time_s > 0 and s.accepted_tokens <= s.drafted_tokens for s in steps.values())
 
 
 def test_stop_string_ends_generation_without_the_stop_text(target_model, tokenizer):

@@ -109,7 +109,7 @@ def test_drafters_run_on_threads_that_leave_ctrl_c_to_the_main_thread(mode, toke
     masks = []
 
     class MaskRecorder(NGramDrafter):
-        bounded = False  # on a helper thread (a bounded drafter runs on the request's own)
+        bounded = False  # on a drafting thread (a bounded drafter runs on the request's own)
 
         def propose(self, committed, max_tokens):
             masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))

@@ -116,3 +116,23 @@ def test_a_prepared_engine_reports_its_speedup_estimate(target_model, tokenizer)
     stats = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=30)).stats
     assert len(stats.verify_curve) > 1 and stats.verify_curve[0] == 1.0
     assert stats.estimated_speedup is not None and stats.estimated_speedup > 0
+
+
+def test_the_step_records_share_the_totals_field_names_and_keep_the_old_ones_deprecated():
+    import dataclasses
+    import warnings
+
+    from mirrorsd import GenerationStats, Step, StepStats
+
+    totals = {f.name for f in dataclasses.fields(GenerationStats)}
+    for record in (Step, StepStats):
+        counts_and_times = {f.name for f in dataclasses.fields(record)} & {
+            "drafted_tokens", "accepted_tokens", "draft_time_s", "verify_time_s"}
+        assert counts_and_times == {"drafted_tokens", "accepted_tokens", "draft_time_s", "verify_time_s"} <= totals
+    step = StepStats(3, 2, 3, "ngram", 0.5, 1.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert (step.drafted, step.accepted, step.committed, step.draft_s, step.verify_s) == (3, 2, 3, 0.5, 1.5)
+    assert len(caught) == 5 and all(issubclass(w.category, DeprecationWarning) for w in caught)
+    with pytest.deprecated_call():
+        assert Step([1], 2, 1, "ngram", 0.25, 0.75).n_drafted == 2

@@ -42,7 +42,7 @@ from mirrorsd.runtime.decode.pipeline.branches import Hint
 from mirrorsd.runtime.decode.policy.estimates import AcceptanceEstimate, Ema
 from mirrorsd.runtime.decode.pipeline.lookahead import Lookahead, StepBranches, drain, fill
 from mirrorsd.runtime.decode.plan import DecodePlan
-from mirrorsd.runtime.decode.drafting import CheckedDrafter, drop_message
+from mirrorsd.runtime.decode.drafting import CheckedDrafter, fallback_message
 from mirrorsd.runtime.decode.verify import DecodeState, Outcome
 from mirrorsd.runtime.decode.pipeline.threads import CoreSharing
 from mirrorsd.runtime.decode.pipeline.worker import Advance, DraftWorker, Rebase
@@ -65,7 +65,7 @@ class PipelinedProvider:
         self.branch_source, self.exit_layer = plan.branch_source, plan.exit_layer
         self.hint: Hint | None = None  # this step's, once sent to the worker
         self.helper_served = False  # this step's draft is the helper's
-        self.fault = None
+        self.fallback: str | None = None
         self.worker: DraftWorker | None = None
         self.sharing: CoreSharing | None = None
         self.saved_threads = target.threads.get_threads() if threads and target.threads else None
@@ -127,7 +127,7 @@ class PipelinedProvider:
         """After commit(): tell the worker where the step landed (Advance on the lookahead, Rebase
         elsewhere, onto a prepared branch if one matches). Returns "hit"/"miss" for hinted steps that
         left the lookahead, and for every hinted step how it ended against its hint."""
-        self.helper.accepted(self.state.committed, outcome.n_accepted)
+        self.helper.accepted(self.state.committed, outcome.accepted_tokens)
         if self.worker is None:
             return None, None
         new, committed, hint = outcome.tokens, self.state.committed, self.hint
@@ -137,20 +137,20 @@ class PipelinedProvider:
         limit = self._limit(self.state.policy.schedule.k)
         if self.look.tokens[:len(new)] == new:
             self.look.advance(len(new))
-            self.worker.draft_queue.put(Advance(len(committed), limit, outcome.n_accepted))
+            self.worker.draft_queue.put(Advance(len(committed), limit, outcome.accepted_tokens))
             return None, record
         diverged = any(a != b for a, b in zip(self.look.tokens, new))  # not merely short
-        hit = branches.get((outcome.n_accepted, new[-1]))
+        hit = branches.get((outcome.accepted_tokens, new[-1]))
         self.look.rebase(hit)
         self.fresh = hit is None
         self.worker.draft_queue.put(Rebase(self.look.epoch, tuple(committed), tuple(self.look.tokens), limit,
-                                           outcome.n_accepted))
+                                           outcome.accepted_tokens))
         return ("hit" if hit else "miss") if hint and (hit or diverged) else None, record
 
     def _measure(self, hint: Hint, outcome: Outcome, branches: StepBranches) -> HintOutcome:
         """A hinted step against its hint: was the correction a candidate at its position, and how far was
         the worker with the branches (its plan, and the branch for this outcome) when the pass had ended."""
-        at, correction = outcome.n_accepted, outcome.tokens[-1]
+        at, correction = outcome.accepted_tokens, outcome.tokens[-1]
         covered = at < len(hint.top_ids) and correction in hint.top_ids[at].tolist()
         return HintOutcome(self.branch_source, at if at < len(hint.draft) else None, correction, covered,
                            branches.state((at, correction)),
@@ -159,17 +159,17 @@ class PipelinedProvider:
     def update_estimates(self, draft: Draft, helper_served: bool, outcome: Outcome, waited: float) -> None:
         """The estimators (the steps the helper served feed only the helper's acceptance)."""
         if self.state.generated > len(outcome.tokens):  # the first step carries the prompt prefill
-            self.verify_seconds.update(outcome.seconds)
+            self.verify_seconds.update(outcome.verify_time_s)
         n_drafted = len(draft.tokens)
         if helper_served:
-            self.helper_acceptance.update(n_drafted, outcome.n_accepted)
+            self.helper_acceptance.update(n_drafted, outcome.accepted_tokens)
         # The worker drafted while the target verified: its cost is its own drafting time, not the wait.
         cost = n_drafted * (self.worker.token_seconds.value or 0.0) if self.worker and not helper_served else waited
-        self.state.learn(n_drafted, cost, outcome, waited + outcome.seconds, schedule=not helper_served)
+        self.state.learn(n_drafted, cost, outcome, waited + outcome.verify_time_s, schedule=not helper_served)
 
-    def take_fault(self) -> str | None:
-        fault, self.fault = self.fault or self.helper.take_fault(), None
-        return fault
+    def take_fallback(self) -> str | None:
+        fallback, self.fallback = self.fallback or self.helper.take_fallback(), None
+        return fallback
 
     def close(self) -> None:
         self._stop_worker()
@@ -186,7 +186,7 @@ class PipelinedProvider:
                              # the draft's first choice is the drafted token itself: kappa alternatives after it
                              self.state.config.branch_width + 1 if self.branch_source == "draft" else 0, self.draft_core)
         if not worker.start():
-            self.fault = drop_message(drafter, RuntimeError("still busy in a call from an earlier request"))
+            self.fallback = fallback_message(drafter, RuntimeError("still busy in a call from an earlier request"))
             self._restore_threads()
             return
         self.worker = worker
@@ -233,7 +233,7 @@ class PipelinedProvider:
         reason = fill(self.worker, self.look, len(self.state.committed), self._wait_k(k),
                       self.state.config.draft_timeout_s)
         if reason is not None:
-            self.fault = drop_message(self.worker.drafter, RuntimeError(reason))
+            self.fallback = fallback_message(self.worker.drafter, RuntimeError(reason))
             self._stop_worker()
             return Draft.empty()
         self.fresh = False

@@ -20,8 +20,8 @@ draft worker, or the intra-op threads of an ONNX Runtime session on the CPU prov
 
 
 def leave_signals_to_the_main_thread() -> None:
-    """Block Ctrl-C / SIGTERM in the calling helper thread. The kernel hands a process-directed signal to
-    any thread that does not block it; one that lands on a helper thread does not wake the main thread,
+    """Block Ctrl-C / SIGTERM in the calling background thread. The kernel hands a process-directed signal to
+    any thread that does not block it; one that lands on a background thread does not wake the main thread,
     which may then sit out a whole reply before it sees the KeyboardInterrupt."""
     import signal
     import sys
@@ -35,7 +35,7 @@ class CoreLayout:
     """Where a request's two sides compute on the CPU. By default (no cores) wherever the OS puts them, the
     threads split by `overlap_threads` where both compute on the CPU. Pinned (separate compute, simulated on one
     CPU, for side-by-side measurements): the verify side (the request's thread) on `verify_core`, the draft side
-    (the drafter's helper thread, or the pipeline's draft worker) on `draft_core`, one compute thread each, in
+    (the drafter's own thread, or the pipeline's draft worker) on `draft_core`, one compute thread each, in
     every pipeline mode -- so sequential decoding gets exactly the compute the pipeline gets. Pinning needs
     per-thread CPU affinity (Linux) and two different usable cores (ConfigError otherwise)."""
 

@@ -58,15 +58,15 @@ def test_covered_flags_match_the_known_candidates(source, kappa, target_model, o
             if hint is not None:
                 assert hint.branch_source == source and hint.correction == step.tokens[-1]
                 if hint.rejected_at is not None:
-                    assert hint.rejected_at == step.n_accepted < step.n_drafted
-                    context = committed + step.tokens[:step.n_accepted]
+                    assert hint.rejected_at == step.accepted_tokens < step.drafted_tokens
+                    context = committed + step.tokens[:step.accepted_tokens]
                     # the draft's candidates: its own choice (the rejected token) and kappa alternatives
                     model, layer, n = (target_model, 1, kappa) if source == "early_exit" else (other_model, None, kappa + 1)
                     assert hint.covered == (hint.correction in top_at(model, context, n, layer)), (prompt, step)
                     rejections += 1
                     covered += hint.covered
                 else:
-                    assert step.n_accepted == step.n_drafted
+                    assert step.accepted_tokens == step.drafted_tokens
                 assert hint.state in ("ready", "drafting", "queued", "none")
                 assert hint.planned is None or 0 <= hint.ready <= hint.planned
             committed += step.tokens

@@ -27,7 +27,7 @@ def engine_with(drafter, target_model, tokenizer) -> Engine:
                          + [(how, True) for how in FailingDrafter.FAULTS if how != "hang"])
 @pytest.mark.parametrize("mode", MODES)
 def test_a_faulty_drafter_is_dropped_and_greedy_output_is_unchanged(how, bounded, mode, target_model, tokenizer):
-    """On a helper thread, and on the request's own thread where the drafter declares itself bounded."""
+    """On a drafting thread, and on the request's own thread where the drafter declares itself bounded."""
     drafter = FailingDrafter(len(tokenizer), how, hang_s=2.0, bounded=bounded)
     cfg = GenerationConfig(max_new_tokens=20, num_draft_tokens=3, pipeline=mode, draft_timeout_s=0.5,
                            early_exit_layer=1)

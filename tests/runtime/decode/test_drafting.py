@@ -59,5 +59,5 @@ def test_feedback_that_raises_drops_the_drafter_at_its_next_call(bounded):
     drafter.fail = True
     source.accepted((5, 6, 1), 0)  # posted: not waited for
     assert source.propose((5, 6, 1), 3).tokens == [] and not source.active
-    assert "lost its state" in source.take_fault()
+    assert "lost its state" in source.take_fallback()
     source.close()

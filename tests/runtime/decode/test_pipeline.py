@@ -412,9 +412,9 @@ def test_a_step_after_a_miss_verifies_the_first_fresh_tokens_without_waiting_for
     assert [t for s in steps for t in s.tokens] == expected[PROMPTS[0]]
     done = [sum(len(s.tokens) for s in steps[:i]) for i in range(len(steps))]
     # steps after a rejection, where the request's budget still allowed K = 4
-    after_miss = [b.n_drafted for i, (a, b) in enumerate(zip(steps, steps[1:]))
-                  if a.n_accepted < a.n_drafted and done[i + 1] + 4 < 40]
-    assert len(after_miss) >= 3, [(s.n_drafted, s.n_accepted) for s in steps]  # the draft is not the target
+    after_miss = [b.drafted_tokens for i, (a, b) in enumerate(zip(steps, steps[1:]))
+                  if a.accepted_tokens < a.drafted_tokens and done[i + 1] + 4 < 40]
+    assert len(after_miss) >= 3, [(s.drafted_tokens, s.accepted_tokens) for s in steps]  # the draft is not the target
     assert max(after_miss) < 4 if fresh_k == 1 else set(after_miss) == {4}, after_miss
     wait_for_no_draft_threads()
 
@@ -428,15 +428,15 @@ def test_the_first_step_prefills_the_target_while_the_worker_drafts(target_model
     draft = lambda: ModelDrafter(TorchCausalLM(other_model))  # noqa: E731
     steps = list(decode_steps(TorchCausalLM(target_model), draft(), prompt, cfg, 40))
     assert [t for s in steps for t in s.tokens] == expected[PROMPTS[0]]
-    assert steps[0].n_drafted == 0 and len(steps[0].tokens) == 1 and steps[0].source == "none"
-    assert any(s.n_drafted > 0 for s in steps[1:])
+    assert steps[0].drafted_tokens == 0 and len(steps[0].tokens) == 1 and steps[0].source == "none"
+    assert any(s.drafted_tokens > 0 for s in steps[1:])
     sequential = list(decode_steps(TorchCausalLM(target_model), draft(), prompt, cfg, 40, mode="off"))
-    assert sequential[0].n_drafted == 4
+    assert sequential[0].drafted_tokens == 4
     seeded = GenerationConfig(max_new_tokens=10, num_draft_tokens=4, temperature=0.8, seed=1)
     run = decode_steps(TorchCausalLM(target_model), draft(), prompt, seeded, 10)
     first = next(run)
     run.close()  # stops the draft worker
-    assert first.n_drafted == 4
+    assert first.drafted_tokens == 4
     wait_for_no_draft_threads()
 
 
@@ -488,5 +488,5 @@ def test_while_the_target_prefills_alone_the_worker_drafts_for_the_largest_k(
     steps = list(decode_steps(TorchCausalLM(target_model), ModelDrafter(TorchCausalLM(other_model)),
                                            prompt, cfg, 40))
     assert [t for s in steps for t in s.tokens] == expected[PROMPTS[0]]
-    assert ahead[0] == 2 * 6 + 1 and steps[0].n_drafted == 0
+    assert ahead[0] == 2 * 6 + 1 and steps[0].drafted_tokens == 0
     wait_for_no_draft_threads()
