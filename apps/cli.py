@@ -170,7 +170,7 @@ def generate(
     if as_json:
         print(json.dumps({"model": target, **result.to_dict()}))
     else:
-        from mirrorsd.apps.chat_session import stats_line
+        from mirrorsd.apps.chat.session import stats_line
 
         print(f"\n\n[{target} on {s.backend} · {stats_line(s.to_dict(), load_s)} · finish: {result.finish_reason}]",
               file=sys.stderr)
@@ -287,7 +287,7 @@ def bench(
     out: Annotated[str, typer.Option(help="Folder for report.json, report.md and the PNG plots.")] = "bench-out",
 ) -> None:
     """Every drafter, our runtime and transformers side by side on a prompt suite; report + plots."""
-    from mirrorsd.apps.bench import QUICK, QUICK_ONLY, BenchOptions, command_line, run_bench
+    from mirrorsd.apps.bench.runner import QUICK, QUICK_ONLY, BenchOptions, command_line, run_bench
 
     given = {name for name in ("target", "draft_model", "per_category", "max_new_tokens", "repeats")
              if ctx.get_parameter_source(name).name == "COMMANDLINE"}
@@ -318,8 +318,8 @@ def eval_drafts(
     out: Annotated[str, typer.Option(help="Folder for eval-drafts.json and eval-drafts.md.")] = "eval-drafts-out",
 ) -> None:
     """Measure candidate drafters on your workload; predict and measure speedup; recommend drafter and K."""
-    from mirrorsd.apps.bench import command_line
-    from mirrorsd.apps.eval_drafts import EvalOptions, run_eval_drafts
+    from mirrorsd.apps.bench.runner import command_line
+    from mirrorsd.apps.bench.eval_drafts import EvalOptions, run_eval_drafts
 
     candidates = tuple(drafter or ("ngram", "retrieval", "chain"))
     run_eval_drafts(EvalOptions(workload=workload, target=target, drafters=candidates, samples=samples, seed=seed, max_new_tokens=max_new_tokens, k_max=k_max,
@@ -544,7 +544,7 @@ def draft_bench(
     exports: Annotated[Optional[str], typer.Option(help="Folder for the exports (reused when present).")] = None,
 ) -> None:
     """Draft tokens/s and acceptance of one draft through torch vs ONNX Runtime fp32 / int8 / int4."""
-    from mirrorsd.apps.draft_bench import run_draft_bench
+    from mirrorsd.apps.bench.draft_bench import run_draft_bench
 
     run_draft_bench(draft=draft, target=target, n_prompts=prompts, max_new_tokens=max_new_tokens, k=k,
                     threads=threads, exports=exports)
@@ -573,8 +573,8 @@ def chat(
 ) -> None:
     """Chat: a desktop window (Qt), or a terminal chat where there is no display or the window cannot start."""
     _check_flags(max_new_tokens=max_new_tokens, device=device, dtype=dtype)
-    from mirrorsd.apps.chat import run_chat
-    from mirrorsd.apps.chat_session import ChatSettings
+    from mirrorsd.apps.chat.launch import run_chat
+    from mirrorsd.apps.chat.session import ChatSettings
 
     settings = ChatSettings(temperature=temperature, max_new_tokens=max_new_tokens, system=system)
     settings.config()  # bad settings fail here, before any model loads
@@ -616,11 +616,11 @@ def serve(
     """OpenAI- and ollama-compatible server: /v1/chat/completions, /v1/completions (SSE streaming), /v1/models,
     /health; ollama's /api/chat, /api/generate (NDJSON streaming), /api/tags, /api/show, /api/ps."""
     try:
-        from mirrorsd.apps.server import ServerLimits, serve as run_server
+        from mirrorsd.apps.serve.openai_api import ServerLimits, serve as run_server
     except ImportError as exc:
         raise MirrorsdError(f"the server needs FastAPI and uvicorn ({exc})", "pip install 'mirrorsd[serve]'") from exc
     from mirrorsd import Engine
-    from mirrorsd.apps.server import bind_socket
+    from mirrorsd.apps.serve.openai_api import bind_socket
     from mirrorsd.errors import ConfigError
 
     if api_key is not None and not api_key.strip():

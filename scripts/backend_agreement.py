@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.prompt_suite import bundled_suite
+from mirrorsd.apps.bench.prompt_suite import bundled_suite
 
 
 def continuations(engine: Engine, prompts: list[list[int]], tokens: int) -> tuple[list[list[int]], float]:

@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the report (markdown) here")
     args = ap.parse_args()
 
-    from mirrorsd.apps.prompt_suite import code_chat, humaneval_prompts
+    from mirrorsd.apps.bench.prompt_suite import code_chat, humaneval_prompts
     from mirrorsd.chat_tokens import chat_ids
 
     start = time.perf_counter()

@@ -11,7 +11,7 @@ import argparse
 from collections import Counter
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.prompt_suite import code_chat, humaneval_prompts
+from mirrorsd.apps.bench.prompt_suite import code_chat, humaneval_prompts
 
 COUNTS = ("generated_tokens", "verify_steps", "drafted_tokens", "accepted_tokens", "hinted_steps",
           "hinted_rejections", "hinted_covered", "branch_hits", "branch_misses", "branches_planned",

@@ -6,7 +6,7 @@
 #           loads them instead of its own with LLAMA_CPP_LIB_PATH=FOLDER (tests/runtime/backends/
 #           test_invariance_variants.py). About two minutes on two cores.
 #   server  llama-server for this CPU, with llama.cpp's stock kernels: the peer `mirrorsd bench --peers llama-server`
-#           measures beside ours (apps/bench_llama_server.py). About five minutes.
+#           measures beside ours (apps/bench/llama_server.py). About five minutes.
 #   arm64   ggml cross-compiled for ARM64 (NEON with dotprod, as Apple M1; and with i8mm, as Apple M2+ and Snapdragon
 #           X) and linked into scripts/kernel_invariance.cpp, the kernel-level invariance check, one static binary
 #           per CPU level, run under qemu-user by tests/runtime/backends/test_kernel_invariance.py. Needs Debian's

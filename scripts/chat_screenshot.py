@@ -33,8 +33,8 @@ CONVERSATION = [
 
 
 def saved_chat_window():
-    from mirrorsd.apps.chat_store import Conversation, ConversationStore
-    from mirrorsd.apps.chat_window import ChatWindow
+    from mirrorsd.apps.chat.store import Conversation, ConversationStore
+    from mirrorsd.apps.chat.window import ChatWindow
 
     store = ConversationStore()
     saved = Conversation(messages=CONVERSATION, system="You are a concise Python tutor.", model="smollm2-135m")
@@ -50,8 +50,8 @@ def live_window(messages: list[str]):
     from PySide6.QtCore import QEventLoop, QTimer
 
     from mirrorsd import Engine
-    from mirrorsd.apps.chat_session import ChatSettings
-    from mirrorsd.apps.chat_window import ChatWindow
+    from mirrorsd.apps.chat.session import ChatSettings
+    from mirrorsd.apps.chat.window import ChatWindow
 
     window = ChatWindow(engine=Engine.load("smollm2-135m", draft="auto"),
                         settings=ChatSettings(temperature=0.0, max_new_tokens=64))
@@ -71,7 +71,7 @@ def live_window(messages: list[str]):
 def main(argv: list[str]) -> None:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ["MIRRORSD_DATA"] = tempfile.mkdtemp(prefix="mirrorsd-shot-")  # leave the user's chats alone
-    from mirrorsd.apps.chat_window import make_application
+    from mirrorsd.apps.chat.window import make_application
 
     out = Path(argv[0]) if argv else Path(__file__).resolve().parents[1] / "docs" / "chat-window.png"
     app = make_application()

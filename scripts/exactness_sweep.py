@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.prompt_suite import bundled_suite
+from mirrorsd.apps.bench.prompt_suite import bundled_suite
 
 MODES = ("off", "overlap", "branches")
 

@@ -275,7 +275,7 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=0.917, help="the 1.5b/0.5b pair's acceptance (docs/pipeline.md)")
     ap.add_argument("--parts", default="shapes,smollm2,pair")
     args = ap.parse_args()
-    from mirrorsd.apps.prompt_suite import bundled_suite, load_workload
+    from mirrorsd.apps.bench.prompt_suite import bundled_suite, load_workload
 
     if args.write_prompts:
         args.write_prompts.write_text("".join(json.dumps({"category": p.category, "messages": p.messages,

@@ -3,7 +3,7 @@ import json, time
 import numpy as np
 from mirrorsd.runtime.backends import load_lm
 from mirrorsd.structured import Grammars, grammar_text
-from mirrorsd.apps.prompt_suite import _JSON_SCHEMA
+from mirrorsd.apps.bench.prompt_suite import _JSON_SCHEMA
 for name in ("smollm2-135m", "qwen2.5-coder-1.5b"):
     l = load_lm(name, "llamacpp")
     g = Grammars(l.tokenizer, l.lm.vocab_size, l.eos_ids)

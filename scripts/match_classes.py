@@ -22,7 +22,7 @@ import statistics
 from pathlib import Path
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.prompt_suite import bundled_suite
+from mirrorsd.apps.bench.prompt_suite import bundled_suite
 from mirrorsd.drafters import make_drafter
 from mirrorsd.runtime.decode.policy.match_classes import LONGEST_CLASS
 

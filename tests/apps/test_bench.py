@@ -10,10 +10,10 @@ import pytest
 
 from conftest import make_model
 from mirrorsd import Engine
-from mirrorsd.apps.bench import (QUICK, QUICK_ONLY, BenchOptions, Cell, _decode_speedup, _tps, doubts, machine_busy, run_bench,
+from mirrorsd.apps.bench.runner import (QUICK, QUICK_ONLY, BenchOptions, Cell, _decode_speedup, _tps, doubts, machine_busy, run_bench,
                                  to_fetch, verdict)
-from mirrorsd.apps.bench_configs import CONFIGS, ONNX_TARGET_ONLY, TARGET_ONLY, BenchConfig, ours
-from mirrorsd.apps.prompt_suite import CATEGORIES, bundled_suite, load_workload
+from mirrorsd.apps.bench.configs import CONFIGS, ONNX_TARGET_ONLY, TARGET_ONLY, BenchConfig, ours
+from mirrorsd.apps.bench.prompt_suite import CATEGORIES, bundled_suite, load_workload
 from mirrorsd.errors import PromptError
 from mirrorsd.exporters import export_draft, export_target
 from mirrorsd.runtime.drafters.retrieval.datastore import build_datastore
@@ -249,7 +249,7 @@ def test_llamacpp_rows_on_the_catalog_gguf(tmp_path):
     token-equal to our llama.cpp target-only decoding, llama-cpp-python's prompt lookup checked against its
     own generate (its stock kernels), with model memory."""
     pytest.importorskip("llama_cpp")
-    from mirrorsd.apps.bench_configs import CPP_TARGET_ONLY
+    from mirrorsd.apps.bench.configs import CPP_TARGET_ONLY
 
     rows = (CPP_TARGET_ONLY, "llama-cpp-python generate", "n-gram, llama.cpp (ours)", "prompt lookup (llama-cpp-python)")
     report = run_bench(BenchOptions(target="smollm2-135m", draft_model=None, per_category=1, max_new_tokens=16,
@@ -318,7 +318,7 @@ def test_pin_devices_runs_every_mode_pinned_and_token_equal(tmp_path):
     """`bench --pin-devices` on smollm2-135m drafting for itself (torch, and its GGUF on llama.cpp): target-only
     and each draft with the pipeline off / overlap / branches, the verify side on one core and the draft side on another."""
     pytest.importorskip("llama_cpp")
-    from mirrorsd.apps.bench_configs import PINNED
+    from mirrorsd.apps.bench.configs import PINNED
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "Write a Python function that reverses a list."}) + "\n")
@@ -335,8 +335,8 @@ def test_pin_devices_runs_every_mode_pinned_and_token_equal(tmp_path):
 
 def test_only_runs_the_rows_a_chosen_row_is_compared_with():
     """--only a peer row also runs the row its greedy tokens are checked against, and our reference row."""
-    from mirrorsd.apps.bench import _choose
-    from mirrorsd.apps.bench_configs import CPP_TARGET_ONLY
+    from mirrorsd.apps.bench.runner import _choose
+    from mirrorsd.apps.bench.configs import CPP_TARGET_ONLY
 
     opts = BenchOptions(target="smollm2-135m", only=("prompt lookup (llama-cpp-python)",))
     names = [c.name for c in _choose(list(CONFIGS), opts)]
@@ -442,8 +442,8 @@ def test_separate_rows_run_as_blocks_after_the_interleaved_ones_and_are_judged(t
 
 
 def test_vllm_rows_run_only_with_peers_vllm_and_say_what_they_need(tmp_path, tokenizer, monkeypatch):
-    from mirrorsd.apps.bench import _choose
-    from mirrorsd.apps.bench_vllm import VLLM_TARGET_ONLY
+    from mirrorsd.apps.bench.runner import _choose
+    from mirrorsd.apps.bench.vllm import VLLM_TARGET_ONLY
     from mirrorsd.errors import ConfigError
 
     vllm_rows = {c.name for c in CONFIGS if c.group == "vllm"}
@@ -461,7 +461,7 @@ def test_vllm_rows_run_only_with_peers_vllm_and_say_what_they_need(tmp_path, tok
 
 
 def test_quick_runs_the_default_backends_rows_only():
-    from mirrorsd.apps.bench_configs import CPP_TARGET_ONLY
+    from mirrorsd.apps.bench.configs import CPP_TARGET_ONLY
 
     named = {c.name: c for c in CONFIGS}
     assert all(name in named and named[name].reference == CPP_TARGET_ONLY for name in QUICK_ONLY)

@@ -1,4 +1,4 @@
-"""`mirrorsd bench --peers llama-server`: llama.cpp's own server beside our llama.cpp rows (apps/bench_llama_server.py).
+"""`mirrorsd bench --peers llama-server`: llama.cpp's own server beside our llama.cpp rows (apps/bench/llama_server.py).
 The real-server test needs llama-server built from the vendored llama.cpp (scripts/build_llama_variant.sh server, about
 five minutes; or MIRRORSD_LLAMA_SERVER) and skips without it, saying so; the rest run everywhere."""
 
@@ -10,9 +10,9 @@ import pytest
 
 from conftest import make_model
 from mirrorsd import Engine
-from mirrorsd.apps.bench import QUICK, BenchOptions, _choose, run_bench
-from mirrorsd.apps.bench_configs import CONFIGS, CPP_TARGET_ONLY, TARGET_ONLY
-from mirrorsd.apps.bench_llama_server import SERVER_TARGET_ONLY, llama_server
+from mirrorsd.apps.bench.runner import QUICK, BenchOptions, _choose, run_bench
+from mirrorsd.apps.bench.configs import CONFIGS, CPP_TARGET_ONLY, TARGET_ONLY
+from mirrorsd.apps.bench.llama_server import SERVER_TARGET_ONLY, llama_server
 
 SERVER_ROWS = {c.name for c in CONFIGS if c.group == "llama-server"}
 

@@ -8,10 +8,10 @@ import matplotlib.image
 import pytest
 from matplotlib.colors import to_hex
 
-from mirrorsd.apps.bench import Cell
-from mirrorsd.apps.bench_configs import TARGET_ONLY, Output
-from mirrorsd.apps.bench_plots import MIN_SAMPLES, draw_plots, write_plots
-from mirrorsd.apps.prompt_suite import BenchPrompt
+from mirrorsd.apps.bench.runner import Cell
+from mirrorsd.apps.bench.configs import TARGET_ONLY, Output
+from mirrorsd.apps.bench.plots import MIN_SAMPLES, draw_plots, write_plots
+from mirrorsd.apps.bench.prompt_suite import BenchPrompt
 from mirrorsd.results import Span
 
 CATEGORIES = ["code", "chat", "math", "json", "creative"]

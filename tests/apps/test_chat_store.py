@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from mirrorsd.apps.chat_store import Conversation, ConversationStore, data_dir, history_file
+from mirrorsd.apps.chat.store import Conversation, ConversationStore, data_dir, history_file
 
 
 def test_saved_chats_round_trip_newest_first_and_skip_broken_files(tmp_path, monkeypatch):

@@ -14,8 +14,8 @@ import pytest
 
 from drafters_for_tests import PacedDrafter
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.chat_session import ChatSession, ChatSettings
-from mirrorsd.apps.chat_terminal import DRAFT_STYLE, run_terminal_chat
+from mirrorsd.apps.chat.session import ChatSession, ChatSettings
+from mirrorsd.apps.chat.terminal import DRAFT_STYLE, run_terminal_chat
 from mirrorsd.runtime.drafters import NGramDrafter
 
 
@@ -120,7 +120,7 @@ def test_mirrorsd_chat_without_a_display_falls_back_to_the_terminal(tiny_folder)
 def test_errors_read_as_messages():
     import torch
 
-    from mirrorsd.apps.chat_session import describe_error
+    from mirrorsd.apps.chat.session import describe_error
     from mirrorsd.errors import PromptError
 
     assert describe_error(PromptError("too long", "shorten it")) == "too long\n  hint: shorten it"
@@ -148,7 +148,7 @@ def test_line_editor_keeps_history_across_sessions_and_esc_enter_adds_a_line(tmp
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
 
-    from mirrorsd.apps.chat_terminal import line_reader
+    from mirrorsd.apps.chat.terminal import line_reader
 
     history = tmp_path / "sub" / "chat_history"
     with create_pipe_input() as keys:
@@ -166,7 +166,7 @@ def test_line_editor_keeps_history_across_sessions_and_esc_enter_adds_a_line(tmp
 
 
 def test_a_window_that_cannot_start_falls_back_to_the_terminal(tiny_folder):
-    from mirrorsd.apps.chat import missing_libraries
+    from mirrorsd.apps.chat.launch import missing_libraries
 
     # xcb against a display that does not exist: Qt aborts there (here also for libraries it lacks).
     env = {**os.environ, "DISPLAY": ":987", "QT_QPA_PLATFORM": "xcb", "HF_HUB_OFFLINE": "1"}
@@ -184,7 +184,7 @@ def test_a_window_that_cannot_start_falls_back_to_the_terminal(tiny_folder):
 
 
 def test_the_qt_failure_is_described_in_one_line(monkeypatch):
-    from mirrorsd.apps.chat import debian_package, describe_qt_failure, why_no_window
+    from mirrorsd.apps.chat.launch import debian_package, describe_qt_failure, why_no_window
 
     assert [debian_package(s) for s in ("libxcb-cursor.so.0", "libxkbcommon-x11.so.0", "libX11-xcb.so.1",
                                          "libxcb-icccm.so.4", "libEGL.so.1")] == \
@@ -200,7 +200,7 @@ def test_the_qt_failure_is_described_in_one_line(monkeypatch):
 
 
 def test_word_wrap_breaks_between_words_even_when_a_word_arrives_in_pieces():
-    from mirrorsd.apps.chat_terminal import WordWrap
+    from mirrorsd.apps.chat.terminal import WordWrap
 
     out = io.StringIO()
     wrap = WordWrap(out, 20, lambda piece, drafted: f"[{piece}]" if drafted else piece)
@@ -231,7 +231,7 @@ def test_keys_typed_during_a_reply_are_not_echoed_into_it():
     import pty
     import termios
 
-    from mirrorsd.apps.chat_terminal import quiet_input
+    from mirrorsd.apps.chat.terminal import quiet_input
 
     parent, child = pty.openpty()
     try:
@@ -251,7 +251,7 @@ def test_keys_typed_during_a_reply_are_not_echoed_into_it():
 
 
 def test_the_stats_line_gives_the_speedup_estimate_only_where_there_is_one():
-    from mirrorsd.apps.chat_session import stats_line
+    from mirrorsd.apps.chat.session import stats_line
     from mirrorsd.results import GenerationStats
 
     stats = GenerationStats(verify_steps=5, generated_tokens=10, per_position_drafted=(2, 2, 2),

@@ -22,8 +22,8 @@ from PySide6.QtCore import Qt  # noqa: E402
 
 from drafters_for_tests import FailingDrafter, PacedDrafter  # noqa: E402
 from mirrorsd import Engine, GenerationConfig  # noqa: E402
-from mirrorsd.apps.chat_session import ChatSettings  # noqa: E402
-from mirrorsd.apps.chat_window import DRAFT_BACKGROUND, ChatWindow  # noqa: E402
+from mirrorsd.apps.chat.session import ChatSettings  # noqa: E402
+from mirrorsd.apps.chat.window import DRAFT_BACKGROUND, ChatWindow  # noqa: E402
 from mirrorsd.runtime.drafters import NGramDrafter  # noqa: E402
 
 
@@ -185,7 +185,7 @@ def click_text(qtbot, win, text: str) -> None:
 def test_markdown_copy_system_prompt_and_saved_chats(qtbot, tokenizer, target_model, tmp_path):
     from PySide6.QtGui import QGuiApplication
 
-    from mirrorsd.apps.chat_store import Conversation, ConversationStore
+    from mirrorsd.apps.chat.store import Conversation, ConversationStore
 
     store = ConversationStore(tmp_path / "chats")
     earlier = Conversation(messages=[{"role": "user", "content": "square it"},
@@ -275,7 +275,7 @@ def test_model_list_marks_cached_models_and_asks_before_a_download(qtbot, monkey
 
 
 def test_ctrl_q_quits_and_the_application_is_named(qtbot, window):
-    from mirrorsd.apps.chat_window import make_application
+    from mirrorsd.apps.chat.window import make_application
 
     app = make_application()
     assert (app.applicationName(), app.desktopFileName()) == ("mirrorsd", "mirrorsd")

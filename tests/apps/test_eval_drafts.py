@@ -12,7 +12,7 @@ import pytest
 from conftest import make_model
 from drafters_for_tests import RandomTokenDrafter, ScriptedDrafter
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.eval_drafts import EvalOptions, run_eval_drafts
+from mirrorsd.apps.bench.eval_drafts import EvalOptions, run_eval_drafts
 from mirrorsd.runtime.replay import replay_acceptance
 from mirrorsd.runtime.drafters import NGramDrafter
 
@@ -81,7 +81,7 @@ def test_eval_drafts_on_a_tiny_workload(engine, references, tokenizer, tmp_path)
 def test_ctrl_c_writes_what_was_measured_so_far(engine, tokenizer, tmp_path, monkeypatch):
     """Ctrl-C during the end-to-end runs: the prompts every runner finished are in a partial report (it wrote
     nothing and exited 130 silently)."""
-    import mirrorsd.apps.eval_drafts as eval_drafts
+    import mirrorsd.apps.bench.eval_drafts as eval_drafts
 
     workload = tmp_path / "workload.jsonl"
     workload.write_text("".join(json.dumps({"text": p}) + "\n" for p in PROMPTS))

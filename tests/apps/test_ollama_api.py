@@ -11,7 +11,7 @@ import ollama  # the official client
 import pytest
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.server import BackgroundServer, ServerLimits, create_app
+from mirrorsd.apps.serve.openai_api import BackgroundServer, ServerLimits, create_app
 from mirrorsd.drafters import NGramDrafter
 
 MODEL = "tiny-llama"

@@ -13,7 +13,7 @@ import pytest
 from drafters_for_tests import PacedDrafter
 from helpers import wait_idle
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.server import BackgroundServer, ServerLimits, create_app
+from mirrorsd.apps.serve.openai_api import BackgroundServer, ServerLimits, create_app
 from mirrorsd.runtime.drafters import NGramDrafter
 
 KEY = "sk-test-key"

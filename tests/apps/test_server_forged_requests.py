@@ -13,7 +13,7 @@ import pytest
 
 from helpers import PROMPTS
 from mirrorsd import Engine
-from mirrorsd.apps.server import BackgroundServer, create_app
+from mirrorsd.apps.serve.openai_api import BackgroundServer, create_app
 from mirrorsd.runtime.drafters.factory import make_drafter
 from mirrorsd.runtime.drafters.retrieval.datastore import Datastore
 

@@ -15,7 +15,7 @@ import pytest
 from drafters_for_tests import PacedDrafter
 from helpers import run, wait_idle
 from mirrorsd import Engine
-from mirrorsd.apps.server import BackgroundServer, ServerLimits, create_app
+from mirrorsd.apps.serve.openai_api import BackgroundServer, ServerLimits, create_app
 from mirrorsd.errors import ConfigError
 from mirrorsd.runtime.drafters import NGramDrafter
 

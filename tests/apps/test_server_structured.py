@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.server import BackgroundServer, ServerLimits, create_app
+from mirrorsd.apps.serve.openai_api import BackgroundServer, ServerLimits, create_app
 from mirrorsd.runtime.drafters import NGramDrafter
 
 MODEL = "tiny-llama"

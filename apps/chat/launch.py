@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mirrorsd.apps.chat_session import ChatSession, ChatSettings
+from mirrorsd.apps.chat.session import ChatSession, ChatSettings
 
 
 def why_no_window() -> str | None:
@@ -101,12 +101,12 @@ def run_chat(target: str, draft: str, device: str = "auto", dtype: str = "auto",
              backend: str = "auto") -> int:
     reason = "--terminal" if terminal else why_no_window()
     if reason is None:
-        from mirrorsd.apps.chat_window import run_window
+        from mirrorsd.apps.chat.window import run_window
 
         return run_window(target, draft, device, dtype, settings, backend=backend)
     if not terminal:
         print(f"mirrorsd chat: {reason}; chatting in the terminal", file=sys.stderr)
-    from mirrorsd.apps.chat_terminal import run_terminal_chat
+    from mirrorsd.apps.chat.terminal import run_terminal_chat
     from mirrorsd.engine import Engine
 
     with Engine.load(target=target, draft=draft, device=device, dtype=dtype, progress=True, backend=backend) as engine:

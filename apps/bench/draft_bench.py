@@ -27,7 +27,7 @@ GOAL_SPEEDUP, GOAL_POINTS = 2.0, 2.0  # the int4 draft's goal: >= 2x torch float
 
 def chat_prompts(tokenizer, n: int) -> list[list[int]]:
     """The first n HumanEval problems in the chat template, as `mirrorsd bench` asks them."""
-    from mirrorsd.apps.bench import chat, humaneval_prompts
+    from mirrorsd.apps.bench.runner import chat, humaneval_prompts
 
     prompts = []
     for prompt in humaneval_prompts(n):

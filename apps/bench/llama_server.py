@@ -18,8 +18,8 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from mirrorsd.apps.bench_configs import CPP_TARGET_ONLY, BenchConfig, BenchContext, Output, register
-from mirrorsd.apps.bench_vllm import ServedProcess, free_port, streamed_tokens, wait_healthy
+from mirrorsd.apps.bench.configs import CPP_TARGET_ONLY, BenchConfig, BenchContext, Output, register
+from mirrorsd.apps.bench.vllm import ServedProcess, free_port, streamed_tokens, wait_healthy
 from mirrorsd.config import GenerationConfig
 
 SERVER_TARGET_ONLY = "target only (llama-server)"

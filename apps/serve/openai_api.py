@@ -33,9 +33,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mirrorsd.apps.chat_session import describe_error
-from mirrorsd.apps.ollama_api import add_ollama_routes
-from mirrorsd.apps.serve_requests import (CANCELLED, Job, OpenAIError, Runner, collect, first_non_text,
+from mirrorsd.apps.chat.session import describe_error
+from mirrorsd.apps.serve.ollama_api import add_ollama_routes
+from mirrorsd.apps.serve.requests import (CANCELLED, Job, OpenAIError, Runner, collect, first_non_text,
                                           shutting_down)
 from mirrorsd.config import GenerationConfig, SamplingParams
 from mirrorsd.errors import ConfigError, MirrorsdError

@@ -21,8 +21,8 @@ from datetime import datetime, timedelta, timezone
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from mirrorsd.apps.chat_session import describe_error
-from mirrorsd.apps.serve_requests import CANCELLED, OpenAIError, collect, first_non_text, json_depth
+from mirrorsd.apps.chat.session import describe_error
+from mirrorsd.apps.serve.requests import CANCELLED, OpenAIError, collect, first_non_text, json_depth
 from mirrorsd.backends import ModelFacts, model_facts
 from mirrorsd.config import GenerationConfig
 from mirrorsd.errors import MirrorsdError

@@ -1,14 +1,14 @@
 """`mirrorsd bench`: every configuration side by side on a prompt suite, in one run.
 
-Every configuration (apps/bench_configs.py) decodes the same prompts on the same model objects,
+Every configuration (apps/bench/configs.py) decodes the same prompts on the same model objects,
 interleaved (each repeat visits every configuration in turn, starting from a rotating one, so drift in
 machine load hits all of them alike) and repeated (the median per prompt), so ratios are measured
 together, never typed in. Peers that serve from a process of their own (vLLM: `--peers vllm`,
-apps/bench_vllm.py) run as a block each, alone, after the interleaved rows.
+apps/bench/vllm.py) run as a block each, alone, after the interleaved rows.
 Greedy outputs are compared token by token with our target-only output of the same prompt; a
 mismatch marks the configuration FAILED. Sampled prompts (the creative category) are timed but
 not compared: sampling is lossless in distribution, which tests/test_engine_sampling.py checks.
-Writes report.json, report.md and PNG plots (apps/bench_plots.py) to the output folder.
+Writes report.json, report.md and PNG plots (apps/bench/plots.py) to the output folder.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.bench_configs import (CONFIGS, CPP_TARGET_ONLY, ONNX_TARGET_ONLY, PINNED, TARGET_ONLY,
+from mirrorsd.apps.bench.configs import (CONFIGS, CPP_TARGET_ONLY, ONNX_TARGET_ONLY, PINNED, TARGET_ONLY,
                                          BenchConfig, BenchContext, Output, measure_memory)
-from mirrorsd.apps import bench_llama_server, bench_vllm  # noqa: F401  (register the served peer rows)
-from mirrorsd.apps.prompt_suite import CATEGORIES, BenchPrompt, bundled_suite, load_workload
+from mirrorsd.apps.bench import llama_server, vllm  # noqa: F401  (register the served peer rows)
+from mirrorsd.apps.bench.prompt_suite import CATEGORIES, BenchPrompt, bundled_suite, load_workload
 from mirrorsd.errors import ConfigError
 from mirrorsd.results import acceptance_by_source, add_drafter_tokens
 from mirrorsd.bench import CoreLayout
@@ -66,8 +66,8 @@ class BenchOptions:
     out: str = "bench-out"
     only: tuple[str, ...] = ()  # configuration names to run (with their target-only references); empty = all
     pin_devices: bool = False  # separate compute simulated: verify side on one core, draft side on another
-    peers: tuple[str, ...] = ()  # peer groups that run only when asked for ("vllm": apps/bench_vllm.py,
-    # "llama-server": apps/bench_llama_server.py)
+    peers: tuple[str, ...] = ()  # peer groups that run only when asked for ("vllm": apps/bench/vllm.py,
+    # "llama-server": apps/bench/llama_server.py)
 
 
 def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, datastore="default",
@@ -193,7 +193,7 @@ def _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, comm
         report["interrupted"] = f"interrupted (Ctrl-C) after {len(prompts)} of {partial_of} prompts"
     outdir = Path(opts.out)
     outdir.mkdir(parents=True, exist_ok=True)
-    from mirrorsd.apps.bench_plots import write_plots
+    from mirrorsd.apps.bench.plots import write_plots
 
     report["plots"] = write_plots(report, cells, prompts, outdir)
     report["timings"] = _timings(cells, prompts)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from mirrorsd.apps.chat_session import (ChatSession, engine_summary, finish_note, model_info, stats_details,
+from mirrorsd.apps.chat.session import (ChatSession, engine_summary, finish_note, model_info, stats_details,
                                          stats_line, with_settings)
 from mirrorsd.errors import MirrorsdError
 
@@ -55,7 +55,7 @@ def line_reader(history: Path | None = None, **prompt_options) -> Callable[[str]
     except ImportError:  # an install without it still chats, without line editing
         return input
 
-    from mirrorsd.apps.chat_store import history_file
+    from mirrorsd.apps.chat.store import history_file
 
     path = history or history_file()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mirrorsd.apps.bench_configs import TARGET_ONLY
+from mirrorsd.apps.bench.configs import TARGET_ONLY
 
 MIN_SAMPLES = 10  # per-position acceptance from fewer drafted tokens is drawn faded, labelled n=...
 WIDTH_IN = 10.0  # the axes' width; a legend beside them adds to it

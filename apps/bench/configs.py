@@ -8,7 +8,7 @@ decoding, is the reference every greedy output is checked against.
 Adding a row (e.g. an exported ONNX draft, or the two-queue pipeline in one of its modes) is a
 few lines::
 
-    from mirrorsd.apps.bench_configs import BenchConfig, ours, register
+    from mirrorsd.apps.bench.configs import BenchConfig, ours, register
 
     register(BenchConfig("ONNX draft (ours)", lambda ctx: ours(ctx, make_onnx_drafter(ctx))))
 

@@ -1,5 +1,5 @@
-"""The request layer both served APIs share (the OpenAI routes in apps/server.py, ollama's in
-apps/ollama_api.py): the single-engine queue (Runner, Job), waiting for a whole result while watching for a
+"""The request layer both served APIs share (the OpenAI routes in apps/serve/openai_api.py, ollama's in
+apps/serve/ollama_api.py): the single-engine queue (Runner, Job), waiting for a whole result while watching for a
 client that left (collect), the errors a queue answers with, and checks on parsed JSON bodies."""
 
 from __future__ import annotations

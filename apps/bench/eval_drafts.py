@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mirrorsd import Engine, GenerationConfig
-from mirrorsd.apps.bench import machine_info, versions
-from mirrorsd.apps.bench_configs import BenchContext, ours
-from mirrorsd.apps.prompt_suite import load_workload
+from mirrorsd.apps.bench.runner import machine_info, versions
+from mirrorsd.apps.bench.configs import BenchContext, ours
+from mirrorsd.apps.bench.prompt_suite import load_workload
 from mirrorsd.errors import ConfigError
 from mirrorsd.bench import best_k, speedup
 from mirrorsd.bench import BUCKET, AcceptanceCounts, replay_acceptance

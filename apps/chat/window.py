@@ -53,8 +53,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from mirrorsd.apps.chat_markdown import MarkdownRenderer
-from mirrorsd.apps.chat_session import (
+from mirrorsd.apps.chat.markdown import MarkdownRenderer
+from mirrorsd.apps.chat.session import (
     ChatSession,
     ChatSettings,
     Turn,
@@ -64,7 +64,7 @@ from mirrorsd.apps.chat_session import (
     stats_details,
     stats_fields,
 )
-from mirrorsd.apps.chat_store import Conversation, ConversationStore
+from mirrorsd.apps.chat.store import Conversation, ConversationStore
 
 DRAFT_BACKGROUND = QColor("#d7f5dd")  # draft-accepted tokens, when highlighting is on
 ERROR_COLOUR = QColor("#b00020")

@@ -1,0 +1,1 @@
+"""The benchmarks: `mirrorsd bench` (with its peers), eval-drafts and draft-bench."""

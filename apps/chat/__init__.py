@@ -1,0 +1,1 @@
+"""The chat app: `mirrorsd chat` in a Qt window or a terminal, over one conversation model."""

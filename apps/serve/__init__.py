@@ -1,0 +1,1 @@
+"""The served APIs: the OpenAI-compatible routes and the ollama ones over one shared request layer."""
