@@ -240,3 +240,13 @@ def test_the_architecture_map_names_every_source_folder():
               for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts}
     source -= {f for f in source if f.startswith("tests/")}  # tests/ mirrors the tree: one row
     assert architecture_folders() == source, "docs/ARCHITECTURE.md's folder table and the tree differ"
+
+
+def test_the_tests_mirror_the_source_tree():
+    """Every folder of tests stands for a source folder (tests/sdk/ for mirrorsd/, the SDK): a module's tests are
+    found where the module is."""
+    folders = {p.parent.relative_to(ROOT / "tests") for p in (ROOT / "tests").rglob("test_*.py")} - {Path(".")}
+    assert Path("runtime/decode/policy") in folders and Path("apps/serve") in folders
+    for folder in folders:
+        source = ROOT / ("mirrorsd" if folder == Path("sdk") else folder)
+        assert source.is_dir() and any(source.glob("*.py")), f"tests/{folder} mirrors no source folder"

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from mirrorsd.apps.chat.session import describe_error
@@ -53,13 +53,38 @@ class OllamaError(Exception):
 
 
 def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
-    facts = model_facts(engine.target)  # read once: a loaded model's facts do not change
+    """ollama's routes (/api/...) on `app`, over the request queue the OpenAI routes share, answering errors in
+    ollama's shape."""
 
-    def check_model(name) -> None:
-        if name not in (model_id, f"{model_id}:latest"):
-            raise OllamaError(404, f"model '{name}' not found; this server serves '{model_id}'")
+    @app.exception_handler(OllamaError)
+    async def _ollama_error(request, exc: OllamaError):
+        return exc.response()
 
-    async def body_of(request: Request) -> dict:
+    app.include_router(_OllamaRoutes(engine, runner, model_id, limits).router())
+
+
+class _OllamaRoutes:
+    """ollama's chat, generate and model routes for one served engine."""
+
+    def __init__(self, engine, runner, model_id: str, limits) -> None:
+        self.engine, self.runner, self.model_id, self.limits = engine, runner, model_id, limits
+        self.facts = model_facts(engine.target)  # read once: a loaded model's facts do not change
+
+    def router(self) -> APIRouter:
+        router = APIRouter()
+        router.add_api_route("/api/chat", self.chat, methods=["POST"])
+        router.add_api_route("/api/generate", self.generate, methods=["POST"])
+        router.add_api_route("/api/tags", self.tags, methods=["GET"])
+        router.add_api_route("/api/show", self.show, methods=["POST"])
+        router.add_api_route("/api/ps", self.ps, methods=["GET"])
+        router.add_api_route("/api/version", self.version, methods=["GET"])
+        return router
+
+    def check_model(self, name) -> None:
+        if name not in (self.model_id, f"{self.model_id}:latest"):
+            raise OllamaError(404, f"model '{name}' not found; this server serves '{self.model_id}'")
+
+    async def body_of(self, request: Request) -> dict:
         try:
             body = await request.json()
         except RecursionError:
@@ -75,24 +100,19 @@ def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
             raise OllamaError(400, f"{bad or 'a string'} holds a lone surrogate (not valid Unicode text)")
         return body
 
-    async def run(request: Request, body: dict, ids: list[int], config: GenerationConfig, chat: bool):
+    async def run(self, request: Request, body: dict, ids: list[int], config: GenerationConfig, chat: bool):
         try:
-            job = runner.submit(ids, config)
+            job = self.runner.submit(ids, config)
         except OpenAIError as exc:  # the queue is full, or the server is stopping
             raise OllamaError(exc.status, exc.message, exc.headers) from None  # a 429 keeps its Retry-After
-        reply = Reply(model_id, chat, ids, tools_active=config.grammar is not None)
+        reply = Reply(self.model_id, chat, ids, tools_active=config.grammar is not None)
         if body.get("stream", True):
             return StreamingResponse(_lines(job, reply), media_type="application/x-ndjson")
         return await _whole(job, request, reply)
 
-    @app.exception_handler(OllamaError)
-    async def _ollama_error(request, exc: OllamaError):
-        return exc.response()
-
-    @app.post("/api/chat")
-    async def chat(request: Request):
-        body = await body_of(request)
-        check_model(body.get("model"))
+    async def chat(self, request: Request):
+        body = await self.body_of(request)
+        self.check_model(body.get("model"))
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise OllamaError(400, "messages must be a list of {role, content} objects")
@@ -100,54 +120,50 @@ def add_ollama_routes(app, engine, runner, model_id: str, limits) -> None:
             raise OllamaError(400, "images are not supported by this server (a message carries some; it would "
                                    "be answered without them)")
         prompt = [{k: m[k] for k in ("role", "content", "tool_calls", "tool_name") if k in m} for m in messages]
-        ids, config = await asyncio.to_thread(encode_request, engine, body, prompt, limits)  # tokenising: off the loop
-        return await run(request, body, ids, config, chat=True)
+        # tokenising: off the loop
+        ids, config = await asyncio.to_thread(encode_request, self.engine, body, prompt, self.limits)
+        return await self.run(request, body, ids, config, chat=True)
 
-    @app.post("/api/generate")
-    async def generate(request: Request):
-        body = await body_of(request)
-        check_model(body.get("model"))
+    async def generate(self, request: Request):
+        body = await self.body_of(request)
+        self.check_model(body.get("model"))
         prompt = body.get("prompt", "")
         if not isinstance(prompt, str):
             raise OllamaError(400, "prompt must be a string")
         if not prompt:  # ollama: an empty prompt loads the model and answers at once
-            return {"model": model_id, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
+            return {"model": self.model_id, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
         system = body.get("system") or ""
         request_prompt = prompt if body.get("raw") else (
             ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}])
-        ids, config = await asyncio.to_thread(encode_request, engine, body, request_prompt, limits)
-        return await run(request, body, ids, config, chat=False)
+        ids, config = await asyncio.to_thread(encode_request, self.engine, body, request_prompt, self.limits)
+        return await self.run(request, body, ids, config, chat=False)
 
-    @app.get("/api/tags")
-    async def tags() -> dict:
-        return {"models": [card(model_id, facts)]}
+    async def tags(self) -> dict:
+        return {"models": [card(self.model_id, self.facts)]}
 
-    @app.post("/api/show")
-    async def show(request: Request) -> dict:
-        body = await body_of(request)
-        check_model(body.get("model") or body.get("name"))
-        template = getattr(engine.tokenizer, "chat_template", None) or ""
-        info = card(model_id, facts)
+    async def show(self, request: Request) -> dict:
+        body = await self.body_of(request)
+        self.check_model(body.get("model") or body.get("name"))
+        template = getattr(self.engine.tokenizer, "chat_template", None) or ""
+        info = card(self.model_id, self.facts)
         family = info["details"]["family"]
-        return {"modelfile": f"FROM {model_id}\n", "parameters": f"temperature {DEFAULT_TEMPERATURE}",
-                "template": template, "details": info["details"], "capabilities": capabilities(engine),
-                "model_info": {"general.architecture": family, "general.parameter_count": facts.parameters,
-                               f"{family or 'model'}.context_length": engine.target.max_context,
-                               "mirrorsd.backend": engine.target.backend,
-                               "mirrorsd.drafter": engine.drafter.name if engine.drafter is not None else "none"},
+        return {"modelfile": f"FROM {self.model_id}\n", "parameters": f"temperature {DEFAULT_TEMPERATURE}",
+                "template": template, "details": info["details"], "capabilities": capabilities(self.engine),
+                "model_info": {"general.architecture": family, "general.parameter_count": self.facts.parameters,
+                               f"{family or 'model'}.context_length": self.engine.target.max_context,
+                               "mirrorsd.backend": self.engine.target.backend,
+                               "mirrorsd.drafter": "none" if self.engine.drafter is None else self.engine.drafter.name},
                 "modified_at": info["modified_at"]}
 
-    @app.get("/api/ps")
-    async def ps() -> dict:
-        loaded = card(model_id, facts)
+    async def ps(self) -> dict:
+        loaded = card(self.model_id, self.facts)
         # loaded until the server stops (ollama's keep_alive -1); on the GPU the weights count as VRAM
-        on_gpu = engine.target.computes_on == "gpu"
+        on_gpu = self.engine.target.computes_on == "gpu"
         loaded.update(expires_at=(datetime.now(timezone.utc) + timedelta(days=365)).isoformat(),
-                      size_vram=loaded["size"] if on_gpu else 0, context_length=engine.target.max_context)
+                      size_vram=loaded["size"] if on_gpu else 0, context_length=self.engine.target.max_context)
         return {"models": [loaded]}
 
-    @app.get("/api/version")
-    async def version() -> dict:
+    async def version(self) -> dict:
         return {"version": API_VERSION}
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 from typing import Literal
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -199,7 +199,8 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 def create_app(engine, model_name: str | None = None, api_key: str | None = None,
                limits: ServerLimits | None = None, allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
                allowed_origins: tuple[str, ...] = ()) -> FastAPI:
-    """The ASGI app serving `engine` under the model id `model_name` (default: engine.name).
+    """The ASGI app serving `engine` under the model id `model_name` (default: engine.name): the OpenAI routes
+    and ollama's, over one request queue (requests.py).
     allowed_hosts: the Host header names (any port) it answers; others get 403, so a web page cannot reach a
     loopback server through a rebinding DNS name. None: any Host (a server bound to a public address).
     allowed_origins: web pages (origins, e.g. 'https://chat.example', or '*') that may call it from a browser
@@ -212,7 +213,6 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
                           "pass the key without surrounding spaces")
     model_id = model_name or engine.name
     runner = Runner(engine, limits.max_queue)
-    created = int(time.time())
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -222,6 +222,21 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
 
     app = FastAPI(title="mirrorsd", description="OpenAI-compatible server on a mirrorsd Engine", lifespan=lifespan)
     app.state.runner, app.state.limits = runner, limits
+    _add_checks(app, limits, api_key, allowed_hosts, allowed_origins)
+    _add_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return runner.health()
+
+    add_ollama_routes(app, engine, runner, model_id, limits)
+    app.include_router(_OpenAIRoutes(engine, runner, model_id, limits).router())
+    return app
+
+
+def _add_checks(app: FastAPI, limits: ServerLimits, api_key: str | None, allowed_hosts: tuple[str, ...] | None,
+                allowed_origins: tuple[str, ...]) -> None:
+    """The middleware every request passes, the last added outermost."""
     app.add_middleware(_BodyLimit, limit=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
     if api_key is not None:  # outermost: the key is checked before any body is read or parsed
         app.add_middleware(_KeyCheck, key=api_key)
@@ -232,6 +247,10 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
     app.add_middleware(_BrowserCheck, allowed_origins=allowed_origins)
     if allowed_hosts is not None:  # outermost of all: a foreign Host learns nothing, not even the 401
         app.add_middleware(_HostCheck, allowed=allowed_hosts)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI's error body (ollama's routes: ollama's), never a traceback."""
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request, exc: OpenAIError):
@@ -264,68 +283,45 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
         log.exception("unexpected error")
         return OpenAIError(500, describe_error(exc), "server_error").response()
 
-    @app.get("/health")
-    async def health() -> dict:
-        return runner.health()
 
+class _OpenAIRoutes:
+    """The OpenAI-compatible routes over the shared request queue (requests.py)."""
 
-    add_ollama_routes(app, engine, runner, model_id, limits)
-    model_card = {"id": model_id, "object": "model", "created": created, "owned_by": "mirrorsd"}
+    def __init__(self, engine, runner: Runner, model_id: str, limits: ServerLimits) -> None:
+        self.engine, self.runner, self.model_id, self.limits = engine, runner, model_id, limits
+        self.model_card = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "mirrorsd"}
 
-    @app.get("/")
-    async def root() -> dict:
-        return {"object": "mirrorsd.server", "model": model_id, "openai_api": "/v1",
+    def router(self) -> APIRouter:
+        router = APIRouter()
+        router.add_api_route("/", self.root, methods=["GET"])
+        router.add_api_route("/v1/models", self.models, methods=["GET"])
+        router.add_api_route("/v1/models/{model:path}", self.model, methods=["GET"])
+        router.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        router.add_api_route("/v1/completions", self.completions, methods=["POST"])
+        return router
+
+    async def root(self) -> dict:
+        return {"object": "mirrorsd.server", "model": self.model_id, "openai_api": "/v1",
                 "endpoints": ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
                               "GET /v1/models/{model}", "GET /health"], "docs": "/docs"}
 
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [model_card]}
+    async def models(self) -> dict:
+        return {"object": "list", "data": [self.model_card]}
 
-    @app.get("/v1/models/{model:path}")
-    async def model(model: str) -> dict:
-        if model != model_id:
-            raise OpenAIError(404, f"The model `{model}` does not exist; this server serves `{model_id}`",
+    async def model(self, model: str) -> dict:
+        if model != self.model_id:
+            raise OpenAIError(404, f"The model `{model}` does not exist; this server serves `{self.model_id}`",
                               param="model", code="model_not_found")
-        return model_card
+        return self.model_card
 
-    def encode_request(body: _Request, prompt, tools: list[dict] | None = None,
-                grammar: str | None = None) -> tuple[list[int], GenerationConfig]:
-        refused = _refused(body.model_extra or {})
-        if refused:
-            raise OpenAIError(400, f"{refused[0]} is not supported by this server (it would be ignored, and the "
-                              "reply would not be what you asked for)", param=refused[0], code="unsupported_parameter")
-        if body.model != model_id:
-            raise OpenAIError(404, f"The model `{body.model}` does not exist; this server serves `{model_id}`",
-                              param="model", code="model_not_found")
-        if body.n != 1:
-            raise OpenAIError(400, "only n=1 is supported", param="n", code="invalid_value")
-        wanted = getattr(body, "max_completion_tokens", None) or body.max_tokens
-        if wanted is not None and wanted > limits.max_tokens:
-            raise OpenAIError(400, f"max_tokens is {wanted}; this server allows at most {limits.max_tokens}",
-                              param="max_tokens", code="invalid_value")
-        ids = engine.encode(prompt, tools=tools)
-        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-        try:
-            given = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None}
-            config = GenerationConfig(
-                max_new_tokens=wanted or limits.max_tokens, stop=stop,
-                json_schema=body.response_format and body.response_format.schema_or_none(), grammar=grammar,
-                logprobs=body.top_logprobs_wanted(), **{"temperature": 1.0, **given})  # 1.0: OpenAI's default
-            engine.constraint(config)  # a grammar that does not compile is this request's 400, not a 500 later
-        except MirrorsdError as exc:
-            raise OpenAIError(400, str(exc), code="invalid_value") from exc
-        return ids, config
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request):
+    async def chat_completions(self, body: ChatRequest, request: Request):
         messages = [_message(m) for m in body.messages]
-        tools, grammar = _tool_settings(body.model_extra or {}, body.response_format is not None, engine.tokenizer)
-        ids, config = await asyncio.to_thread(encode_request, body, messages, tools, grammar)  # tokenising: off the loop
-        return await respond(request, body, ids, config, chat=True, tools_active=grammar is not None)
+        tools, grammar = _tool_settings(body.model_extra or {}, body.response_format is not None,
+                                        self.engine.tokenizer)
+        ids, config = await asyncio.to_thread(self.encode_request, body, messages, tools, grammar)  # off the loop
+        return await self.respond(request, body, ids, config, chat=True, tools_active=grammar is not None)
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(self, body: CompletionRequest, request: Request):
         if body.echo:
             raise OpenAIError(400, "echo is not supported", param="echo", code="unsupported_parameter")
         prompt = body.prompt
@@ -333,16 +329,46 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
             if len(prompt) != 1:
                 raise OpenAIError(400, "send one prompt per request", param="prompt", code="invalid_value")
             prompt = prompt[0]
-        ids, config = await asyncio.to_thread(encode_request, body, prompt)
-        return await respond(request, body, ids, config, chat=False)
+        ids, config = await asyncio.to_thread(self.encode_request, body, prompt)
+        return await self.respond(request, body, ids, config, chat=False)
 
-    async def respond(request: Request, body: _Request, ids: list[int], config: GenerationConfig, chat: bool,
+    def encode_request(self, body: _Request, prompt, tools: list[dict] | None = None,
+                       grammar: str | None = None) -> tuple[list[int], GenerationConfig]:
+        refused = _refused(body.model_extra or {})
+        if refused:
+            raise OpenAIError(400, f"{refused[0]} is not supported by this server (it would be ignored, and the "
+                              "reply would not be what you asked for)", param=refused[0], code="unsupported_parameter")
+        if body.model != self.model_id:
+            raise OpenAIError(404, f"The model `{body.model}` does not exist; this server serves `{self.model_id}`",
+                              param="model", code="model_not_found")
+        if body.n != 1:
+            raise OpenAIError(400, "only n=1 is supported", param="n", code="invalid_value")
+        wanted = getattr(body, "max_completion_tokens", None) or body.max_tokens
+        if wanted is not None and wanted > self.limits.max_tokens:
+            raise OpenAIError(400, f"max_tokens is {wanted}; this server allows at most {self.limits.max_tokens}",
+                              param="max_tokens", code="invalid_value")
+        ids = self.engine.encode(prompt, tools=tools)
+        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        try:
+            given = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None}
+            config = GenerationConfig(
+                max_new_tokens=wanted or self.limits.max_tokens, stop=stop,
+                json_schema=body.response_format and body.response_format.schema_or_none(), grammar=grammar,
+                logprobs=body.top_logprobs_wanted(), **{"temperature": 1.0, **given})  # 1.0: OpenAI's default
+            self.engine.constraint(config)  # a grammar that does not compile is this request's 400, not a 500 later
+        except MirrorsdError as exc:
+            raise OpenAIError(400, str(exc), code="invalid_value") from exc
+        return ids, config
+
+
+    async def respond(self, request: Request, body: _Request, ids: list[int], config: GenerationConfig, chat: bool,
                       tools_active: bool = False):
-        job = runner.submit(ids, config)
+        job = self.runner.submit(ids, config)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(_sse(job, rid, model_id, chat, include_usage, engine.tokenizer, tools_active),
+            events = _sse(job, rid, self.model_id, chat, include_usage, self.engine.tokenizer, tools_active)
+            return StreamingResponse(events,
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
@@ -353,16 +379,14 @@ def create_app(engine, model_name: str | None = None, api_key: str | None = None
             return shutting_down().response()
         if result is None:  # the client went away
             return JSONResponse(status_code=499, content=OpenAIError(499, "client closed request").body())
-        body_out = _envelope(rid, model_id, chat)
-        logprobs = _logprobs(engine.tokenizer, result.token_ids, result.logprobs, chat)
+        body_out = _envelope(rid, self.model_id, chat)
+        logprobs = _logprobs(self.engine.tokenizer, result.token_ids, result.logprobs, chat)
         message, finish = _reply_message(result.text, result.finish_reason, tools_active)
         body_out["choices"] = [
             {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish} if chat else
             {"index": 0, "text": result.text, "logprobs": logprobs, "finish_reason": result.finish_reason}]
         body_out.update(_accounting(result))
         return body_out
-
-    return app
 
 
 def _message(m: ChatMessage) -> dict:

@@ -293,7 +293,7 @@ def test_screenshot_script_draws_a_highlighted_code_block(tmp_path):
 
     from PySide6.QtGui import QImage
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "chat_screenshot.py"
+    script = Path(__file__).resolve().parents[3] / "scripts" / "chat_screenshot.py"
     out = tmp_path / "shot.png"
     done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
