@@ -7,6 +7,7 @@ import logging
 import numbers
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -23,12 +24,12 @@ from mirrorsd.runtime.backends import eos_ids as eos_ids_of
 from mirrorsd.runtime.backends import load_lm
 from mirrorsd.runtime.backends.base import PrefixCachedLM
 from mirrorsd.runtime.decode.policy import verify_curve
-from mirrorsd.runtime.decode.policy.calibrate import CalibrationStore, Costs, calibrate
+from mirrorsd.runtime.decode.policy.calibrate import Calibrations, CalibrationStore, Costs
 from mirrorsd.runtime.decode.loop import run_plan
 from mirrorsd.runtime.decode.plan import DecodePlan, make_plan
 from mirrorsd.runtime.decode.policy.schedule import uses_cost_schedule
 from mirrorsd.runtime.decode.verify import DecodeState
-from mirrorsd.runtime.decode.pipeline.threads import CoreLayout, cpu_draft_threads, overlap_threads, pinned
+from mirrorsd.runtime.decode.pipeline.threads import CoreLayout, cpu_draft_threads, pinned
 from mirrorsd.runtime.drafters.chain import ChainDrafter
 from mirrorsd.runtime.drafters.factory import check_not_a_misspelt_keyword, helper_for, make_drafter
 from mirrorsd.runtime.timeline import Timeline
@@ -128,13 +129,8 @@ class Engine:
         self.name = name
         self.eos_ids = default_eos if eos_ids is None else frozenset(eos_ids)
         self.grammars = Grammars(tokenizer, self.target.vocab_size, self.eos_ids)
-        self.calibrations: dict[tuple, Costs] = {}
-        # Set by Engine.load: the models as loaded (names, backends, devices, dtypes), under which calibrations
-        # are kept across processes in calibration_store: the target's verify-cost curve under target_id, a draft
-        # model's costs beside it under calibration_id. None (an engine built from objects): this engine only.
-        self.target_id: str | None = None
-        self.calibration_id: str | None = None
-        self.calibration_store: CalibrationStore | None = None
+        # what speculation measured (verify-cost curve, draft costs); Engine.load names the models it keeps them under
+        self.calibrated = Calibrations()
         self._lock = _RequestLock()  # one request at a time
         self.closed = False
 
@@ -175,11 +171,12 @@ class Engine:
         from mirrorsd.catalog import cache_dir
 
         # the backends as resolved ("auto" may pick another one once llama-cpp-python is installed)
-        engine.target_id = f"target {target} on {loaded.lm.backend} (device {device}, dtype {dtype})"
-        engine.calibration_store = CalibrationStore(cache_dir() / "calibrations.json")
+        kept = engine.calibrated
+        kept.target_id = f"target {target} on {loaded.lm.backend} (device {device}, dtype {dtype})"
+        kept.store = CalibrationStore(cache_dir() / "calibrations.json")
         if isinstance(draft, str) and drafter is not None and drafter.model is not None:
-            engine.calibration_id = (f"{engine.target_id}, draft {draft} on {drafter.model.lm.backend} (device "
-                                     f"{draft_device or device}, dtype {draft_dtype or dtype})")
+            kept.pair_id = (f"{kept.target_id}, draft {draft} on {drafter.model.lm.backend} (device "
+                            f"{draft_device or device}, dtype {draft_dtype or dtype})")
         return engine
 
     def with_drafter(self, drafter: str | Drafter | None, helper: Drafter | None | str = "auto") -> "Engine":
@@ -190,7 +187,8 @@ class Engine:
         other = Engine(self.target, self.tokenizer, drafter, name=self.name,
                        helper=helper_for(drafter) if helper == "auto" else helper, eos_ids=self.eos_ids)
         other._lock = self._lock  # one request at a time on the shared target
-        other.grammars, other.cores, other.calibrations = self.grammars, self.cores, self.calibrations
+        other.grammars, other.cores = self.grammars, self.cores
+        other.calibrated.costs = self.calibrated.costs  # measured of the same target (keyed by drafter)
         return other
 
     # -- requests ---------------------------------------------------------------------------------
@@ -278,7 +276,7 @@ class Engine:
     def pipeline_mode(self, cfg: GenerationConfig) -> str:
         """The mode `cfg.pipeline` resolves to with this drafter and target (see GenerationConfig). "auto" with a
         draft model: the mode a calibration on this core layout measured faster (runtime/decode/policy/calibrate.py;
-        the first call per drafter and core layout takes a few seconds, then `calibrations` holds it)."""
+        the first call per drafter and core layout takes a few seconds, then `calibrated` holds it)."""
         return self._plan(cfg, self.calibration).mode
 
     def _plan(self, cfg: GenerationConfig, calibration) -> DecodePlan:
@@ -299,48 +297,23 @@ class Engine:
         with self._lock, pinned(self.cores.verify_core, self.target.threads):  # as the requests will run
             self._plan(cfg, self._calibration)
             if self.drafter is not None and uses_cost_schedule(cfg):
-                self._verify_curve(cfg.max_draft_tokens)
-
-    def _verify_curve(self, max_k: int) -> None:
-        if verify_curve.covers(verify_curve.known(self.target), max_k):
-            return
-        kept = self._store_key("verify curve", self.target_id)
-        curve = None if kept is None else self.calibration_store.get_curve(kept)
-        if not verify_curve.covers(curve, max_k):
-            curve = verify_curve.measure(self.target, min(max_k, verify_curve.MAX_K))
-            if kept is not None:
-                self.calibration_store.put_curve(kept, curve)
-        verify_curve.remember(self.target, curve)
-
-    def _store_key(self, what: int | str, models: str | None) -> str | None:
-        """The key under which calibration_store keeps `what`, measured of `models` (target_id, or calibration_id
-        for the target beside its draft model), here (None: not kept)."""
-        if self.calibration_store is None or models is None:
-            return None
-        from mirrorsd.devices import machine_id
-
-        return CalibrationStore.key(models, self.cores, what, machine_id())
+                self.calibrated.verify_curve(self.target, self.cores, cfg.max_draft_tokens)
 
     def calibration(self, k: int) -> Costs:
         """Measured costs of this draft model beside this target on this core layout: kept per engine, and for
-        models loaded by name in `calibration_store` across processes (runtime/decode/policy/calibrate.py)."""
+        models loaded by name across processes (`calibrated`, runtime/decode/policy/calibrate.py)."""
         with self._lock:  # the models are measured: no request runs meanwhile
             return self._calibration(k)
 
     def _calibration(self, k: int) -> Costs:
         """calibration, for a caller that holds the request lock."""
-        key = (id(self.drafter), self.cores, max(1, k))
-        if key not in self.calibrations:
-            kept = self._store_key(key[2], self.calibration_id)
-            costs = None if kept is None else self.calibration_store.get(kept)
-            if costs is None:
-                threads = None if self.cores.pinned else overlap_threads(self.target, self.drafter)
-                costs = calibrate(self.target, self.drafter.model, key[2], self.cores, threads)
-                if kept is not None:
-                    self.calibration_store.put(kept, costs)
-            self.calibrations[key] = costs
-            log.info("pipeline auto: %s", costs.to_dict())
-        return self.calibrations[key]
+        return self.calibrated.pair(self.target, self.drafter, self.cores, k)
+
+    @property
+    def calibrations(self) -> dict[tuple, Costs]:
+        """Deprecated: `calibrated.costs`."""
+        warnings.warn("Engine.calibrations is deprecated: use Engine.calibrated.costs", DeprecationWarning, stacklevel=2)
+        return self.calibrated.costs
 
     def _run(self, ids: list[int], cfg: GenerationConfig, trace: str | None,
              constraint: GrammarConstraint | None, cancel: threading.Event | None = None) -> Iterator[Event]:

@@ -8,9 +8,9 @@ core layout, a K-token verify pass and a draft token alone, then both again side
     sequential = K * draft_token + verify            (each model has its compute to itself, in turn)
     overlap    = max(K * draft_token', verify')      (the primed costs: measured side by side)
 
-It takes a few seconds, once per (drafter, core layout) and engine; `Engine.calibrations` keeps the results, and
-for models loaded by name (`Engine.load`) a `CalibrationStore` keeps them across processes, so a later run on
-the same machine, models and core layout reuses them.
+It takes a few seconds, once per (drafter, core layout) and engine; an engine's `Calibrations` keeps the results
+(and the target's verify-cost curve), and for models loaded by name (`Engine.load`) a `CalibrationStore` keeps them
+across processes, so a later run on the same machine, models and core layout reuses them.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from mirrorsd.contracts import CausalLM, DraftModel
-from mirrorsd.runtime.decode.pipeline.threads import CoreLayout, pinned
+from mirrorsd.contracts import CausalLM, Drafter, DraftModel
+from mirrorsd.runtime.decode.pipeline.threads import CoreLayout, overlap_threads, pinned
+from mirrorsd.runtime.decode.policy import verify_curve
 
 log = logging.getLogger("mirrorsd")
 
@@ -208,3 +209,52 @@ class CalibrationStore:
             return {}
         return entries if isinstance(entries, dict) else {}
 
+
+class Calibrations:
+    """What one engine measured once per core layout: the target's verify-cost curve (the K schedule's costs) and,
+    per (drafter, core layout, K), a draft model's costs beside the target (`pipeline="auto"`), kept in `costs`. For
+    models loaded by name, `store` keeps both across processes: the curve under `target_id` (the target as
+    loaded), the costs under `pair_id` (the target beside the draft model as loaded); None: this engine only.
+    Measuring runs the models: the caller holds the engine's request lock."""
+
+    def __init__(self) -> None:
+        self.costs: dict[tuple, Costs] = {}
+        self.store: CalibrationStore | None = None
+        self.target_id: str | None = None
+        self.pair_id: str | None = None
+
+    def pair(self, target: CausalLM, drafter: Drafter, cores: CoreLayout, k: int) -> Costs:
+        """The draft model's costs beside the target at draft length k on this core layout, measured once."""
+        key = (id(drafter), cores, max(1, k))
+        if key not in self.costs:
+            kept = self._store_key(key[2], self.pair_id, cores)
+            costs = None if kept is None else self.store.get(kept)
+            if costs is None:
+                threads = None if cores.pinned else overlap_threads(target, drafter)
+                costs = calibrate(target, drafter.model, key[2], cores, threads)
+                if kept is not None:
+                    self.store.put(kept, costs)
+            self.costs[key] = costs
+            log.info("pipeline auto: %s", costs.to_dict())
+        return self.costs[key]
+
+    def verify_curve(self, target: CausalLM, cores: CoreLayout, max_k: int) -> None:
+        """The target's verify-cost curve up to max_k, measured once and remembered for the target
+        (verify_curve.known)."""
+        if verify_curve.covers(verify_curve.known(target), max_k):
+            return
+        kept = self._store_key("verify curve", self.target_id, cores)
+        curve = None if kept is None else self.store.get_curve(kept)
+        if not verify_curve.covers(curve, max_k):
+            curve = verify_curve.measure(target, min(max_k, verify_curve.MAX_K))
+            if kept is not None:
+                self.store.put_curve(kept, curve)
+        verify_curve.remember(target, curve)
+
+    def _store_key(self, what: int | str, models: str | None, cores: CoreLayout) -> str | None:
+        """The key under which `store` keeps `what`, measured of `models` here (None: not kept)."""
+        if self.store is None or models is None:
+            return None
+        from mirrorsd.devices import machine_id
+
+        return CalibrationStore.key(models, cores, what, machine_id())

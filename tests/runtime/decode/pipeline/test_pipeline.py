@@ -308,10 +308,10 @@ def test_auto_picks_the_mode_a_calibration_measured_faster(target_model, other_m
     cfg = GenerationConfig(pipeline="auto", num_draft_tokens=4)
     engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
     mode = engine.pipeline_mode(cfg)
-    (costs,) = engine.calibrations.values()
+    (costs,) = engine.calibrated.costs.values()
     assert mode == costs.mode and costs.k == 4
     assert min(costs.verify_s, costs.draft_token_s, costs.verify_shared_s, costs.draft_token_shared_s) > 0
-    assert engine.pipeline_mode(cfg) == mode and len(engine.calibrations) == 1  # measured once
+    assert engine.pipeline_mode(cfg) == mode and len(engine.calibrated.costs) == 1  # measured once
     assert engine.generate(PROMPTS[0], cfg).stats.pipeline == mode
     assert engine.pipeline_mode(GenerationConfig(pipeline="overlap")) == "overlap"  # asked for: honoured
     assert Engine(target_model, tokenizer, NGramDrafter()).pipeline_mode(cfg) == "off"

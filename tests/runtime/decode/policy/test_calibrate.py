@@ -49,17 +49,19 @@ def test_an_unreadable_store_is_measured_afresh_and_rewritten(cache, tiny_folder
     engine = load(tiny_folder)
     costs = engine.calibration(4)
     entries = json.loads(cache.read_text())
-    assert Costs.from_dict(entries[CalibrationStore.key(engine.calibration_id, CoreLayout(), 4, machine_id())]) == costs
+    assert Costs.from_dict(entries[CalibrationStore.key(engine.calibrated.pair_id, CoreLayout(), 4, machine_id())]) == costs
+    with pytest.deprecated_call():  # the old spelling reads the same measurements
+        assert engine.calibrations is engine.calibrated.costs
     engine.close()
 
 
 def test_an_entry_that_is_not_a_calibration_is_measured_afresh(cache, tiny_folder):
     engine = load(tiny_folder)
-    key = CalibrationStore.key(engine.calibration_id, CoreLayout(), 4, machine_id())
+    key = CalibrationStore.key(engine.calibrated.pair_id, CoreLayout(), 4, machine_id())
     for bad in ({"k": 4}, {"k": 4, "verify_s": -1.0, "draft_token_s": 0.1, "verify_shared_s": 0.1,
                            "draft_token_shared_s": 0.1}, "text", None):
         cache.write_text(json.dumps({key: bad}))
-        engine.calibrations.clear()
+        engine.calibrated.costs.clear()
         costs = engine.calibration(4)
         assert min(costs.verify_s, costs.draft_token_s, costs.verify_shared_s, costs.draft_token_shared_s) > 0
         assert Costs.from_dict(json.loads(cache.read_text())[key]) == costs
@@ -69,12 +71,12 @@ def test_an_entry_that_is_not_a_calibration_is_measured_afresh(cache, tiny_folde
 def test_an_engine_built_from_objects_keeps_its_calibration_to_itself(cache, target_model, other_model, tokenizer):
     engine = Engine(target_model, tokenizer, ModelDrafter(TorchCausalLM(other_model)))
     engine.calibration(4)
-    assert engine.calibration_store is None and not cache.exists()
+    assert engine.calibrated.store is None and not cache.exists()
 
 
 def test_a_read_only_cache_costs_a_calibration_not_the_request(cache, tiny_folder, caplog):
     engine = load(tiny_folder)
-    engine.calibration_store = CalibrationStore(cache / "inside-a-file" / "calibrations.json")
+    engine.calibrated.store = CalibrationStore(cache / "inside-a-file" / "calibrations.json")
     cache.write_text("{}")  # a file where the store's folder should be
     assert engine.calibration(4).k == 4
     assert "could not keep the calibration" in caplog.text
@@ -88,7 +90,7 @@ def test_the_verify_curve_is_measured_before_a_request_starts_and_kept_across_en
     engine = load(tiny_folder)
     stream = engine.stream("The quick brown fox", GenerationConfig(max_new_tokens=4))
     curve = verify_curve.known(engine.target)  # measured by stream(), before the request's first step
-    key = CalibrationStore.key(engine.target_id, CoreLayout(), "verify curve", machine_id())  # the target's alone
+    key = CalibrationStore.key(engine.calibrated.target_id, CoreLayout(), "verify curve", machine_id())  # the target's alone
     assert curve is not None and curve[0] == 1.0 and tuple(json.loads(cache.read_text())[key]) == curve
     stream.close()
     engine.close()
@@ -115,7 +117,7 @@ def test_a_model_free_drafter_reads_the_targets_curve_back_too(cache, tiny_folde
 
     first = Engine.load(target=str(tiny_folder), draft="ngram", dtype="float32")
     first.prepare()
-    key = CalibrationStore.key(first.target_id, CoreLayout(), "verify curve", machine_id())
+    key = CalibrationStore.key(first.calibrated.target_id, CoreLayout(), "verify curve", machine_id())
     assert tuple(json.loads(cache.read_text())[key]) == verify_curve.known(first.target)
     first.close()
     kept = (1.0,) + tuple(1.0 + k / 9 for k in range(1, 17))
