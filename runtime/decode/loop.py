@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from mirrorsd.contracts import Draft, Drafter, ExitRequest, HintOutcome, Step
+from mirrorsd.runtime.decode.drafting import CheckedDrafter
 from mirrorsd.runtime.decode.pipeline.provider import PipelinedProvider
 from mirrorsd.runtime.decode.plan import DecodePlan
-from mirrorsd.runtime.decode.drafting import CheckedDrafter
 from mirrorsd.runtime.decode.verify import DecodeState, Outcome, make_step
 
 
@@ -45,7 +45,7 @@ class DraftProvider(Protocol):
 
 
 class InlineProvider:
-    """Drafts between verify passes on the calling thread's schedule (the drafter itself runs on a helper
+    """Drafts between verify passes on the calling thread's schedule (the drafter itself runs on a drafting
     thread, so that a hung one can be abandoned: CheckedDrafter). A drafter that fails is dropped for the
     request; `helper` (if any) drafts from then on."""
 
