@@ -23,6 +23,7 @@ from mirrorsd.text_stream import StreamingText
 from mirrorsd.runtime.backends import eos_ids as eos_ids_of
 from mirrorsd.runtime.backends import load_lm
 from mirrorsd.runtime.backends.base import PrefixCachedLM
+from mirrorsd.runtime.backends.ggml_kernels import build_id as ggml_build_id
 from mirrorsd.runtime.decode.policy import verify_curve
 from mirrorsd.runtime.decode.policy.calibrate import Calibrations, CalibrationStore, Costs
 from mirrorsd.runtime.decode.loop import run_plan
@@ -172,7 +173,8 @@ class Engine:
 
         # the backends as resolved ("auto" may pick another one once llama-cpp-python is installed)
         kept = engine.calibrated
-        kept.target_id = f"target {target} on {loaded.lm.backend} (device {device}, dtype {dtype})"
+        kept.target_id = (f"target {target} on {loaded.lm.backend} (device {device}, dtype {dtype}, "
+                          f"llama.cpp build {ggml_build_id()})")  # a rebuilt kernel changes the costs
         kept.store = CalibrationStore(cache_dir() / "calibrations.json")
         if isinstance(draft, str) and drafter is not None and drafter.model is not None:
             kept.pair_id = (f"{kept.target_id}, draft {draft} on {drafter.model.lm.backend} (device "

@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import hashlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 
 @functools.cache
@@ -33,6 +35,23 @@ def _library() -> ctypes.CDLL | None:
     cdll.ggml_cpu_set_batch_invariant.argtypes = [ctypes.c_bool]
     cdll.ggml_cpu_get_batch_invariant.restype = ctypes.c_bool
     return cdll
+
+
+@functools.cache
+def build_id() -> str:
+    """Which llama.cpp build computes our passes: a digest of the CPU kernel library beside the libllama that
+    llama-cpp-python loaded (or of libllama itself, a static build), "none" without llama-cpp-python. Measured
+    costs are kept under it (calibrate.py), since a rebuilt kernel changes what a verify pass costs."""
+    try:
+        from llama_cpp import llama_cpp as api
+    except ImportError:
+        return "none"
+    loaded = Path(getattr(getattr(api, "_lib", None), "_name", None) or "")
+    if not loaded.is_file():
+        return "unknown"
+    kernels = sorted(f for f in loaded.parent.glob("*ggml-cpu*") if f.is_file())
+    with open(kernels[0] if kernels else loaded, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()[:12]
 
 
 def batch_invariant_switch() -> Callable[[bool], None] | None:
