@@ -82,7 +82,7 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
     if opts.pin_devices and not opts.only:
         opts = replace(opts, only=tuple(PINNED))
     pins = CoreLayout.first_two() if opts.pin_devices else None
-    busy = machine_busy()
+    busy, started = machine_busy(), (time.monotonic(), os.times())
     if busy:
         console.print(f"[yellow]warning: {busy}: the timings will be slow and noisy; benchmark on a quiet "
                       "machine[/yellow]")
@@ -167,11 +167,13 @@ def run_bench(opts: BenchOptions, engine: Engine | None = None, draft_lm=None, d
             configs_run, done = reached, 1
         cells = {c.name: cells[c.name][:done] for c in configs_run}
         _write_report(opts, ctx, prompts[:done], encoded[:done], configs_run, cells, skipped, command, console,
-                      partial_of=len(prompts), busy=busy)
+                      partial_of=len(prompts), busy=busy or machine_busy(own_load(started)))
         console.print(f"interrupted: partial report ({done} of {len(prompts)} prompts) written to "
                       f"{Path(opts.out) / 'report.json'} and {Path(opts.out) / 'report.md'}")
         raise
-    return _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command, console, busy=busy)
+    # busy at the start, or now: the load average less this run's own
+    return _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command, console,
+                         busy=busy or machine_busy(own_load(started)))
 
 
 def _finished_prompts(cells: dict, repeats: int) -> int:
@@ -186,7 +188,7 @@ def _write_report(opts, ctx, prompts, encoded, configs_run, cells, skipped, comm
     from rich.console import Console
 
     report = _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command)
-    report["busy"] = busy or machine_busy()  # at the start, or now
+    report["busy"] = busy
     report["verdict"] = verdict(report)
     report["partial"] = partial_of is not None
     if partial_of is not None:
@@ -722,14 +724,25 @@ def to_fetch(*names: str | None) -> list[str]:
     return notes
 
 
-def machine_busy() -> str | None:
-    """Why the machine is too busy to benchmark (load above its cores), or None."""
+def machine_busy(own_load: float = 0.0) -> str | None:
+    """Why the machine is too busy to benchmark, or None: other processes' load (the 1-minute load average less
+    `own_load`, the cores this run itself kept busy) above the cores."""
     try:
         load = os.getloadavg()[0]
     except OSError:  # not available on this platform
         return None
     cores = os.cpu_count() or 1
-    return f"the machine is busy (load {load:.1f} on {cores} cores)" if load > cores else None
+    ours = f", {own_load:.1f} of it this run's own" if own_load else ""
+    return f"the machine is busy (load {load:.1f} on {cores} cores{ours})" if load - own_load > cores else None
+
+
+def own_load(since: tuple[float, os.times_result]) -> float:
+    """The cores this process and its finished children (a served peer) kept busy on average since `since`
+    (time.monotonic(), os.times())."""
+    wall, before = since
+    now = os.times()
+    cpu = sum(getattr(now, f) - getattr(before, f) for f in ("user", "system", "children_user", "children_system"))
+    return cpu / max(time.monotonic() - wall, 1e-9)
 
 
 def _best_by_category(report: dict) -> list[str]:

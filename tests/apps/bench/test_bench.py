@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
 from conftest import make_model
 from mirrorsd import Engine
-from mirrorsd.apps.bench.runner import (QUICK, QUICK_ONLY, BenchOptions, Cell, _decode_speedup, _tps, doubts, machine_busy, run_bench,
+from mirrorsd.apps.bench.runner import (QUICK, QUICK_ONLY, BenchOptions, Cell, _decode_speedup, _tps, doubts, machine_busy, own_load, run_bench,
                                  to_fetch, verdict)
 from mirrorsd.apps.bench.configs import CONFIGS, ONNX_TARGET_ONLY, TARGET_ONLY, BenchConfig, ours
 from mirrorsd.apps.bench.prompt_suite import CATEGORIES, bundled_suite, load_workload
@@ -179,6 +180,20 @@ def test_a_busy_machine_is_named(monkeypatch):
     assert "the machine is busy (load 64.0 on" in machine_busy()
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert machine_busy() is None
+
+
+def test_the_runs_own_load_is_not_taken_for_a_busy_machine(monkeypatch):
+    """At the end of a run the load average holds the run itself (its threads, a served peer): only the rest counts."""
+    started = (time.monotonic(), os.times())
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:  # one core kept busy by this process
+        pass
+    assert 0.3 < own_load(started) < 1.5
+    cores = os.cpu_count()
+    monkeypatch.setattr(os, "getloadavg", lambda: (cores + 0.5, 1.0, 1.0))
+    assert machine_busy() is not None and machine_busy(own_load=1.0) is None
+    monkeypatch.setattr(os, "getloadavg", lambda: (cores + 2.0, 1.0, 1.0))
+    assert "1.0 of it this run's own" in machine_busy(own_load=1.0)
 
 
 def test_plots_are_valid_pngs(bench_report):
