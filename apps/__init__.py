@@ -1,1 +1,2 @@
-"""mirrorsd.apps: the programs built on the SDK (benchmark script; chat app and server to come)."""
+"""mirrorsd.apps: the programs built on the SDK: the command line (cli.py), the OpenAI and ollama server (serve/), the
+chat app (chat/), the benchmark (bench/) and the vLLM handoff (handoff/)."""

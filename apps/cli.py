@@ -666,7 +666,7 @@ def handoff(
 ) -> None:
     """Take a drafter measured here to vLLM: OUT/serve.sh serves the target with it on vLLM (tensor and pipeline
     parallel across GPUs and nodes)."""
-    from mirrorsd.apps.handoff import plan_handoff, write_handoff
+    from mirrorsd.apps.handoff.folder import plan_handoff, write_handoff
     from mirrorsd.errors import ConfigError
 
     if to != "vllm":

@@ -85,7 +85,7 @@ class VllmRunner(ServedProcess):
         self.python, self.target, self.draft, self.k, self.eos_ids = python, target, draft, k, eos_ids
 
     def open(self) -> None:
-        from mirrorsd.apps.handoff import plan_handoff, write_handoff
+        from mirrorsd.apps.handoff.folder import plan_handoff, write_handoff
         from mirrorsd.models import resolve_model_path
 
         self.folder = Path(tempfile.mkdtemp(prefix="mirrorsd-bench-vllm-"))

@@ -2,7 +2,7 @@
 
 OUT holds the target as a Hugging Face folder of safetensors (`target/`; bfloat16 by default, the form vLLM serves
 on GPUs, or float32 on request), the draft model's (`draft/`) when the drafter is one, your datastore
-(`datastore/`) for retrieval or the chain (run inside vLLM by mirrorsd/vllm_proposer.py), vLLM's
+(`datastore/`) for retrieval or the chain (run inside vLLM by vllm_proposer.py, beside this module), vLLM's
 `speculative_config.json`, `serve.sh` with the serving command, `handoff.json` (where every value came from) and a
 README saying what carries over, with each folder's dtype and size. Everything is copied, so the folder moves to
 another host whole; `link` makes float32 folders links to mirrorsd's cache instead (this host only).
@@ -20,7 +20,8 @@ from mirrorsd.config import GenerationConfig
 from mirrorsd.errors import ConfigError
 
 NOT_HANDED_OFF = ("auto", "none")
-PROPOSERS = {"retrieval": "mirrorsd.vllm_proposer.RetrievalProposer", "chain": "mirrorsd.vllm_proposer.ChainProposer"}
+PROPOSERS = {"retrieval": "mirrorsd.apps.handoff.vllm_proposer.RetrievalProposer",
+             "chain": "mirrorsd.apps.handoff.vllm_proposer.ChainProposer"}
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ class _Proposer:
 def _datastore(tokenizer_path: str):
     from transformers import AutoTokenizer
 
-    from mirrorsd.runtime.drafters.retrieval.datastore import Datastore, default_datastore
+    from mirrorsd.drafters import Datastore, default_datastore
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     where = os.environ.get(DATASTORE_ENV)
@@ -63,7 +63,7 @@ class RetrievalProposer(_Proposer):
     """Continues each request with what followed its context in the datastore."""
 
     def make_drafter(self, tokenizer_path: str):
-        from mirrorsd.runtime.drafters.retrieval.drafter import RetrievalDrafter
+        from mirrorsd.drafters import RetrievalDrafter
 
         return RetrievalDrafter(_datastore(tokenizer_path))
 
@@ -72,8 +72,6 @@ class ChainProposer(_Proposer):
     """The request's own n-grams first, the datastore where they find nothing longer (mirrorsd's chain)."""
 
     def make_drafter(self, tokenizer_path: str):
-        from mirrorsd.runtime.drafters.chain import ChainDrafter
-        from mirrorsd.runtime.drafters.ngram import NGramDrafter
-        from mirrorsd.runtime.drafters.retrieval.drafter import RetrievalDrafter
+        from mirrorsd.drafters import ChainDrafter, NGramDrafter, RetrievalDrafter
 
         return ChainDrafter(NGramDrafter(), RetrievalDrafter(_datastore(tokenizer_path)))

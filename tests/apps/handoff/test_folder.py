@@ -13,7 +13,7 @@ import torch
 
 from conftest import make_model
 from helpers import run
-from mirrorsd.apps.handoff import plan_handoff, write_handoff
+from mirrorsd.apps.handoff.folder import plan_handoff, write_handoff
 from mirrorsd.drafters import NGramDrafter, build_datastore
 from mirrorsd.errors import ConfigError, DatastoreError, TokenizerMismatchError
 
@@ -62,7 +62,7 @@ def test_a_chain_handoff_runs_our_drafter_in_vllm_over_your_datastore(tiny_folde
     build_datastore([corpus], tokenizer, tmp_path / "ds")
     out = write_handoff(plan_handoff(str(tiny_folder), f"chain:{tmp_path / 'ds'}", 5, None), str(tmp_path / "out"))
     assert json.loads((out / "speculative_config.json").read_text()) == {
-        "method": "custom_class", "model": "mirrorsd.vllm_proposer.ChainProposer", "num_speculative_tokens": 5}
+        "method": "custom_class", "model": "mirrorsd.apps.handoff.vllm_proposer.ChainProposer", "num_speculative_tokens": 5}
     assert not (out / "datastore").is_symlink() and (out / "datastore" / "datastore.json").is_file()  # copied
     assert 'export MIRRORSD_DATASTORE="$PWD/datastore"' in (out / "serve.sh").read_text()
     assert "pip install --no-deps" in (out / "README.md").read_text()

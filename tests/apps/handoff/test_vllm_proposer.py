@@ -4,13 +4,15 @@ that sampled nothing or is at the context limit. A real vLLM serving them: scrip
 
 from __future__ import annotations
 
+import importlib
+import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from mirrorsd.drafters import ChainDrafter, Datastore, NGramDrafter, RetrievalDrafter, build_datastore
-from mirrorsd.vllm_proposer import DATASTORE_ENV, ChainProposer, RetrievalProposer
+from mirrorsd.apps.handoff.vllm_proposer import DATASTORE_ENV, ChainProposer, RetrievalProposer
 
 CODE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
 
@@ -58,3 +60,12 @@ def test_no_draft_past_the_context_limit(datastore, tokenizer, tiny_folder):
     limited = ChainProposer(vllm_config(tiny_folder, k=8, max_model_len=23))
     assert len(limited.propose([[5]], lengths, token_ids)[0]) <= 2
     assert ChainProposer(vllm_config(tiny_folder, max_model_len=21)).propose([[5]], lengths, token_ids) == [[]]
+
+
+def test_the_old_module_path_reads_on_with_a_deprecation_warning():
+    """Handoff folders written before the proposers moved beside `mirrorsd handoff` name mirrorsd.vllm_proposer."""
+    sys.modules.pop("mirrorsd.vllm_proposer", None)
+    with pytest.warns(DeprecationWarning, match="mirrorsd.apps.handoff.vllm_proposer"):
+        old = importlib.import_module("mirrorsd.vllm_proposer")
+    assert (old.ChainProposer, old.RetrievalProposer, old.DATASTORE_ENV) == (ChainProposer, RetrievalProposer,
+                                                                             DATASTORE_ENV)

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from mirrorsd.apps.bench.vllm import SERVER_ARGS, start_server, stop_server
-from mirrorsd.apps.handoff import plan_handoff, write_handoff
+from mirrorsd.apps.handoff.folder import plan_handoff, write_handoff
 
 VLLM_PYTHON = os.environ.get("MIRRORSD_VLLM_PYTHON")
 WHY_NOT = (os.environ.get("MIRRORSD_VLLM_UNAVAILABLE")
