@@ -54,6 +54,12 @@ def with_settings(config: GenerationConfig, settings: dict) -> GenerationConfig:
     return replace(config, **settings)
 
 
+def _kernels_of(lm: CausalLM) -> str:
+    """The llama.cpp build a model's passes run on, for the key its measured costs are kept under (a rebuilt
+    kernel changes them); nothing for another backend, which then needs no llama.cpp loaded."""
+    return f", llama.cpp build {ggml_build_id()}" if lm.backend.startswith("llamacpp") else ""
+
+
 def check_writable(path: str) -> None:
     """A file can be written at `path`: it is not a folder, and its folder exists and takes new files."""
     import os
@@ -173,12 +179,12 @@ class Engine:
 
         # the backends as resolved ("auto" may pick another one once llama-cpp-python is installed)
         kept = engine.calibrated
-        kept.target_id = (f"target {target} on {loaded.lm.backend} (device {device}, dtype {dtype}, "
-                          f"llama.cpp build {ggml_build_id()})")  # a rebuilt kernel changes the costs
+        kept.target_id = (f"target {target} on {loaded.lm.backend} (device {device}, dtype {dtype}"
+                          f"{_kernels_of(loaded.lm)})")
         kept.store = CalibrationStore(cache_dir() / "calibrations.json")
         if isinstance(draft, str) and drafter is not None and drafter.model is not None:
             kept.pair_id = (f"{kept.target_id}, draft {draft} on {drafter.model.lm.backend} (device "
-                            f"{draft_device or device}, dtype {draft_dtype or dtype})")
+                            f"{draft_device or device}, dtype {draft_dtype or dtype}{_kernels_of(drafter.model.lm)})")
         return engine
 
     def with_drafter(self, drafter: str | Drafter | None, helper: Drafter | None | str = "auto") -> "Engine":

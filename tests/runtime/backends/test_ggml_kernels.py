@@ -36,9 +36,21 @@ def test_the_build_id_is_a_digest_of_the_kernels_in_use_and_changes_with_them(tm
     assert run() != here
 
 
-def test_the_engines_costs_are_kept_under_the_build(tiny_folder):
+def test_the_engines_costs_are_kept_under_the_build_of_the_kernels_they_run_on(tiny_folder):
     from mirrorsd import Engine
 
-    engine = Engine.load(target=str(tiny_folder), draft="ngram", dtype="float32")
-    assert f"llama.cpp build {build_id()}" in engine.calibrated.target_id
-    engine.close()
+    on_llamacpp = Engine.load(target="smollm2-135m", draft="ngram")
+    assert f"llama.cpp build {build_id()}" in on_llamacpp.calibrated.target_id
+    on_llamacpp.close()
+    on_torch = Engine.load(target=str(tiny_folder), draft="ngram", dtype="float32")
+    assert "llama.cpp" not in on_torch.calibrated.target_id
+    on_torch.close()
+
+
+def test_a_target_on_torch_loads_no_llama_cpp(tiny_folder):
+    """Naming the build must not cost a torch target the import of llama.cpp (over a second at start-up)."""
+    code = ("import sys; from mirrorsd import Engine; "
+            f"Engine.load(target={str(tiny_folder)!r}, draft='ngram', dtype='float32').close(); "
+            "print(sorted(m for m in sys.modules if m.startswith('llama_cpp')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
