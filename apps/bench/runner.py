@@ -517,16 +517,33 @@ def _models(ctx: BenchContext, opts: BenchOptions) -> dict:
     return models
 
 
+def simd_of(cpuinfo: str) -> str | None:
+    """The widest vector instructions /proc/cpuinfo's text reports among those llama.cpp's kernels are built for:
+    "AVX-512", "AVX2" or "NEON" (with "+dotprod" / "+i8mm"), None when it says none of them. The exact multi-row
+    kernels, and so what a verify pass costs, differ by it (docs/exactness.md)."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        flags = set(value.split())
+        if key.strip() == "flags":  # x86
+            return "AVX-512" if {"avx512f", "avx512bw"} <= flags else "AVX2" if "avx2" in flags else None
+        if key.strip() == "Features":  # arm64: asimd is NEON, asimddp its dot product
+            return "NEON" + "".join(f"+{name}" for flag, name in (("asimddp", "dotprod"), ("i8mm", "i8mm"))
+                                    if flag in flags) if "asimd" in flags else None
+    return None
+
+
 def machine_info() -> dict:
     """The machine, its CPU and the torch devices, as far as they can be read without privileges."""
-    cpu = platform.processor() or platform.machine()
+    cpu, simd = platform.processor() or platform.machine(), None
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
+        cpuinfo = ""
+    for line in cpuinfo.splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    simd = simd_of(cpuinfo)
     devices = ["cpu"]
     if torch.cuda.is_available():
         devices += [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
@@ -538,7 +555,7 @@ def machine_info() -> dict:
         providers = onnxruntime.get_available_providers()
     except ImportError:
         providers = None
-    return {"platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
+    return {"platform": platform.platform(), "cpu": cpu, "simd": simd, "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "torch_devices": devices, "onnxruntime_providers": providers}
 
 
@@ -614,7 +631,7 @@ def markdown(report: dict) -> str:
     if report.get("verdict"):
         lines += [f"**{report['verdict']}**", ""]
     lines += [_title(report) + ".", "",
-              f"Machine: {mach['cpu']}, {mach['cpu_count']} cores, {mach['torch_threads']} torch threads, "
+              f"Machine: {mach['cpu']}{f' ({simd})' if (simd := mach.get('simd')) else ''}, {mach['cpu_count']} cores, {mach['torch_threads']} torch threads, "
               f"{mach['platform']}; devices: {', '.join(mach['torch_devices'])}. Versions: "
               + ", ".join(f"{k} {val}" for k, val in v.items()) + ".", "",
               "Speedup columns are tok/s over target-only decoding on the same backend (ours, the row's "

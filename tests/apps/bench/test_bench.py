@@ -12,7 +12,7 @@ import pytest
 from conftest import make_model
 from mirrorsd import Engine
 from mirrorsd.apps.bench.runner import (QUICK, QUICK_ONLY, BenchOptions, Cell, _decode_speedup, _tps, doubts, machine_busy, own_load, run_bench,
-                                 to_fetch, verdict)
+                                 simd_of, to_fetch, verdict)
 from mirrorsd.apps.bench.configs import CONFIGS, ONNX_TARGET_ONLY, TARGET_ONLY, BenchConfig, ours
 from mirrorsd.apps.bench.prompt_suite import CATEGORIES, bundled_suite, load_workload
 from mirrorsd.errors import PromptError
@@ -121,6 +121,7 @@ def test_report_files_are_well_formed(bench_report):
     peers_best = max(r["tokens_per_second"] for r in report["rows"] if not r["ours"])
     assert ratios.split("|")[-2].strip() == f"{ours_best / peers_best:.2f}x"
     assert "UTC" not in md  # the page is a map of the current state; the date stays in report.json
+    assert f"Machine: {on_disk['machine']['cpu']}" in md and "simd" in on_disk["machine"]
     exact = [r for r in report["rows"] if r["ours"] and r["greedy_equal_to_target_only"] is not False]
     fastest = max(exact, key=lambda r: r["tokens_per_second"])
     if doubts(report, fastest):  # a busy test machine, or tiny models' noisy ratios: the verdict says so
@@ -194,6 +195,15 @@ def test_the_runs_own_load_is_not_taken_for_a_busy_machine(monkeypatch):
     assert machine_busy() is not None and machine_busy(own_load=1.0) is None
     monkeypatch.setattr(os, "getloadavg", lambda: (cores + 2.0, 1.0, 1.0))
     assert "1.0 of it this run's own" in machine_busy(own_load=1.0)
+
+
+def test_the_report_names_the_cpus_vector_instructions():
+    """What a verify pass costs depends on the exact kernels the CPU gets, so each report says which."""
+    assert simd_of("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n") == "AVX-512"
+    assert simd_of("flags\t\t: fpu sse2 avx2 avx512f\n") == "AVX2"  # no AVX-512BW: ggml's AVX2 kernels
+    assert simd_of("flags\t\t: fpu sse2 sse4_2\n") is None
+    assert simd_of("Features\t: fp asimd evtstrm asimddp i8mm\n") == "NEON+dotprod+i8mm"
+    assert simd_of("Features\t: fp asimd\n") == "NEON" and simd_of("") is None
 
 
 def test_plots_are_valid_pngs(bench_report):
