@@ -35,7 +35,9 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
     """Lossless speculative decoding on one machine's chips."""
 
 BACKEND_HELP = ("Model backend: auto (onnx for an export folder; llama.cpp for a GGUF model, i.e. catalog models "
-                "and .gguf files, where llama-cpp-python is installed; else torch) | llamacpp | onnx (a "
+                "and .gguf files, where llama-cpp-python is installed; else torch) | llamacpp (on a GPU: "
+                "fixed-shape passes) | llamacpp-static (fixed-shape passes on llama.cpp's stock kernels on any "
+                "device) | onnx (a "
                 "`mirrorsd export --role target` folder) | torch (float32 on the CPU; on a CUDA GPU the static-shape path, "
                 "bfloat16, CUDA graphs) | torch-static (the static-shape path on any device).")
 Backend = Annotated[str, typer.Option(help=BACKEND_HELP)]

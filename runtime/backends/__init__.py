@@ -95,46 +95,77 @@ def _static_lm(model, device, spec: str, role: str):
     shape, kept in the cache folder's calibrations.json), or a draft with one-row steps."""
     import torch
 
-    from mirrorsd import __version__
-    from mirrorsd.catalog import cache_dir
-    from mirrorsd.devices import machine_id
     from mirrorsd.runtime.backends.torch_static import DEFAULT_ROWS, StaticTorchLM
-    from mirrorsd.runtime.decode.policy.calibrate import CalibrationStore
 
     if role == "draft":
         return StaticTorchLM(model, device, rows=1, prefill_rows=DEFAULT_ROWS, exact_batches=False)
     lm = StaticTorchLM(model, device, exact_batches=False)
-    store = CalibrationStore(cache_dir() / "calibrations.json")
-    key = " | ".join((f"invariance of {spec} on {lm.backend} in {lm.dtype}, {lm.rows} rows, {lm.max_context} cells",
-                      machine_id(), f"torch {torch.__version__}", f"mirrorsd {__version__}"))
-    verdict = store.get_verdict(key)
-    if verdict is None:
-        from mirrorsd.runtime.backends.torch_static import check_exact
+    from mirrorsd.runtime.backends.torch_static import check_exact
 
-        verdict = check_exact(lm)
-        store.put_verdict(key, verdict)
-    lm.exact_batches = verdict
+    lm.exact_batches = invariance_verdict(
+        f"invariance of {spec} on {lm.backend} in {lm.dtype}, {lm.rows} rows, {lm.max_context} cells, "
+        f"torch {torch.__version__}", lambda: check_exact(lm))
     return lm
 
 
+def invariance_verdict(what: str, check) -> bool:
+    """The invariance check's verdict on a fixed-shape model: measured once per model, shape, device and build
+    (`what` names them), kept in the cache folder's calibrations.json with the machine and mirrorsd's version."""
+    from mirrorsd import __version__
+    from mirrorsd.catalog import cache_dir
+    from mirrorsd.devices import machine_id
+    from mirrorsd.runtime.decode.policy.calibrate import CalibrationStore
+
+    store = CalibrationStore(cache_dir() / "calibrations.json")
+    key = " | ".join((what, machine_id(), f"mirrorsd {__version__}"))
+    verdict = store.get_verdict(key)
+    if verdict is None:
+        verdict = check()
+        store.put_verdict(key, verdict)
+    return verdict
+
+
 def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress: bool = False,
-                   role: str = "target") -> LoadedModel:
+                   role: str = "target", static: bool | None = None) -> LoadedModel:
     """The GGUF file as it is, on llama.cpp's kernels (dtype does not apply: the file's quantization is
-    used). device "cpu" keeps every layer on the CPU; otherwise layers go to the GPU where the build has one."""
+    used). device "cpu" keeps every layer on the CPU; otherwise layers go to the GPU where the build has one.
+    static: fixed-shape passes (llamacpp_lm.py) on llama.cpp's stock kernels, exact where the invariance check
+    says so (measured once per model and device, cached); default: a target on a GPU, whose kernels have no
+    batch-invariant mode. On the CPU the patched kernels are exact at every shape and cost less."""
     from mirrorsd.models import load_tokenizer, resolve_gguf
     from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM, import_llama_cpp
+    from mirrorsd.runtime.backends.torch_static import DEFAULT_ROWS
 
-    import_llama_cpp()  # before any download: say at once that the extra is missing
+    llama_cpp = import_llama_cpp()  # before any download: say at once that the extra is missing
     if _gpu_beyond_llamacpp(device):
         raise ConfigError(f"device {device!r} asked for, but this llama-cpp-python build runs on the CPU only",
                           "use --device cpu (or auto); on an NVIDIA GPU --backend torch runs the model there, or "
                           'rebuild llama.cpp for it: CMAKE_ARGS="-DGGML_CUDA=on" bash scripts/setup.sh')
     gguf, tokenizer_dir = resolve_gguf(spec, progress)
-    lm = LlamaCppLM(gguf, gpu_layers=0 if device == "cpu" else None)
+    on_gpu = device != "cpu" and bool(llama_cpp.llama_supports_gpu_offload())
+    static = on_gpu if static is None else static
+    # a draft's passes need no exactness: any shape; but the stock kernels too, as the CPU's kernel mode is
+    # process-wide and a draft computes beside the target (ggml_kernels.py)
+    lm = LlamaCppLM(gguf, gpu_layers=0 if device == "cpu" else None, exact=not static,
+                    fixed_rows=DEFAULT_ROWS if static and role == "target" else None)
+    if lm.fixed_rows:
+        from mirrorsd.runtime.backends.ggml_kernels import build_id
+        from mirrorsd.runtime.backends.invariance import check_fixed_shape
+
+        lm.exact_batches = invariance_verdict(
+            f"invariance of {spec} ({gguf.name}) on {lm.backend}, {DEFAULT_ROWS} rows, llama.cpp build {build_id()}",
+            lambda: check_fixed_shape(lm, DEFAULT_ROWS))
+        if not lm.exact_batches:
+            lm.fixed_rows = None  # not exact at one shape either: the cheaper passes of any shape (declared inexact)
     tokenizer = load_tokenizer(tokenizer_dir)
     special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
     eos = lm.eog_ids(special) | eos_ids(None, tokenizer)
     return LoadedModel(lm, tokenizer, eos)
+
+
+def _load_llamacpp_static(spec: str, device: str | None = "auto", dtype=None, progress: bool = False,
+                          role: str = "target") -> LoadedModel:
+    return _load_llamacpp(spec, device, dtype, progress, role, static=True)
 
 
 def _load_onnx(spec: str, device: str | None = "auto", dtype=None, progress: bool = False,
@@ -215,5 +246,6 @@ def _load_auto(spec: str, device: str | None = "auto", dtype=None, progress: boo
 register_backend("torch", _load_torch)
 register_backend("torch-static", _load_torch_static)
 register_backend("llamacpp", _load_llamacpp)
+register_backend("llamacpp-static", _load_llamacpp_static)
 register_backend("onnx", _load_onnx)
 register_backend("auto", _load_auto)

@@ -8,10 +8,13 @@ Used by the backends' tests, `mirrorsd devices --check` and bench.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+log = logging.getLogger("mirrorsd")
 
 DEFAULT_SIZES = tuple(range(1, 18))  # positions per verify pass: K + 1 for K = 0..16
 DEFAULT_CHUNKS = (0, 5)  # prefill the prefix in one batch (0), or in batches of 5 positions
@@ -86,6 +89,17 @@ def check_batch_invariance(lm, tokens: Sequence[int], offsets: Sequence[int], si
     lm.reset()
     return InvarianceReport(lm.backend, max(by_size.values()), by_size,
                             tuple(offsets), tuple(chunks))
+
+
+def check_fixed_shape(lm, rows: int) -> bool:
+    """The check for a backend whose every pass has `rows` rows (torch-static, llama.cpp's fixed_rows): passes of
+    1..rows+1 positions (the last one spans two passes) at two offsets, after whole and chunked prefills; a
+    failure is logged with its summary."""
+    report = check_batch_invariance(lm, probe_tokens(lm.vocab_size, 8), offsets=(1, rows + 3),
+                                    sizes=tuple(range(1, rows + 2)))
+    if not report.exact:
+        log.warning("%s", report.summary())
+    return report.exact
 
 
 def probe_tokens(vocab: int, n: int) -> list[int]:

@@ -15,7 +15,16 @@ does not (its batched kernels -- repacked GEMM, the tiled K-quant matmul, tinyBL
 flash attention -- accumulate in other orders), so scripts/setup.sh builds llama.cpp with
 scripts/patches/ggml-cpu-batch-invariant.patch, which adds a batch-invariant mode
 (`ggml_cpu_set_batch_invariant`), and this backend turns it on for its passes, with flash attention
-(the per-row attention kernel). On a build without the patch, or on a GPU, `exact_batches` is False.
+(the per-row attention kernel). On a build without the patch, or on a GPU, passes of any shape are not
+exact (`exact_batches` False); fixed-shape passes may be:
+
+Fixed-shape passes (`fixed_rows=P`, the `llamacpp-static` backend, and llama.cpp on a GPU): every pass, prompt
+prefill included, decodes exactly P token rows and asks for all P rows' logits, real tokens first and pads after
+them, whose cache cells are removed after the pass. Every kernel then sees one shape, whatever the number of
+real tokens, which is what a kernel's choice of tiling and accumulation order depends on; pads sit after the
+real tokens, where the causal mask keeps them out of every real row, and leave nothing behind. Whether that
+makes a device's rows exact the invariance check decides (runtime/backends/__init__.py: once per model, device
+and build, cached); on the CPU's stock kernels it does (docs/exactness.md).
 """
 
 from __future__ import annotations
@@ -74,12 +83,13 @@ class LlamaCppLM(PrefixCachedLM):
 
     def __init__(self, gguf: str | Path, n_ctx: int = DEFAULT_CONTEXT, threads: int | None = None,
                  gpu_layers: int | None = None, exact: bool = True, flash_attn: bool | None = None,
-                 repack: bool = True) -> None:
+                 repack: bool = True, fixed_rows: int | None = None) -> None:
         """threads: CPU threads (default: the physical cores); gpu_layers: layers offloaded to the GPU
         (default: all where the build supports a GPU, else none); exact: ggml's batch-invariant kernels
         (False: llama.cpp's stock kernels, for comparisons); flash_attn: llama.cpp's flash attention
         (default: as exact; exactness needs it); repack: the CPU backend's repacked weight layouts
-        (llama_model_params.use_extra_bufts)."""
+        (llama_model_params.use_extra_bufts); fixed_rows: P, every pass of exactly P rows (module docstring;
+        `exact_batches` is then False until the invariance check's verdict is set)."""
         super().__init__()
         llama_cpp = import_llama_cpp()
         gguf = Path(gguf)
@@ -100,16 +110,23 @@ class LlamaCppLM(PrefixCachedLM):
                 f"llama.cpp could not load {gguf.name}: {exc}",
                 "the file may be corrupt or of an architecture this llama.cpp build does not know; "
                 "check it with `gguf-dump`, or use --backend torch") from exc
+        if fixed_rows is not None and not 1 <= fixed_rows <= self.llm.n_batch:
+            raise ConfigError(f"fixed_rows must be 1..{self.llm.n_batch}, got {fixed_rows}")
+        self.fixed_rows = fixed_rows
         self.path = gguf
         self._api = llama_cpp
         self._batch = llama_cpp.llama_batch_init(self.llm.n_batch, 0, 1)  # tokens, no embeddings, one sequence
         self.vocab_size = int(self.llm.n_vocab())
         self.max_context = min(int(self.llm.n_ctx()), int(llama_cpp.llama_model_n_ctx_train(self.llm.model)) or n_ctx)
         self.computes_on = "gpu" if offload and gpu_layers != 0 else "cpu"
-        self.backend = f"llamacpp:{self.computes_on}"
         self.n_threads = threads
-        # The patch makes the CPU kernels batch-invariant; a GPU backend's are not made so here.
-        self.exact_batches = self._switch is not None and exact and flash_attn and self.computes_on == "cpu"
+        # The patch makes the CPU kernels batch-invariant; fixed rows wait for the check's verdict (the loader's).
+        self.exact_batches = (fixed_rows is None and self._switch is not None and exact and flash_attn
+                              and self.computes_on == "cpu")
+
+    @property
+    def backend(self) -> str:
+        return f"llamacpp{'-static' if self.fixed_rows else ''}:{self.computes_on}"
 
     def eog_ids(self, candidates) -> frozenset[int]:
         """Which of these token ids end generation for llama.cpp (EOS, EOT, <|im_end|>, ...)."""
@@ -127,25 +144,32 @@ class LlamaCppLM(PrefixCachedLM):
         first_wanted = len(new) - rows
         out: list[np.ndarray] = []
         n_past = len(self._cached)
-        for start in range(0, len(new), llm.n_batch):
+        fixed = self.fixed_rows
+        step = fixed or llm.n_batch
+        for start in range(0, len(new), step):
             if start:
                 self.check_cancel()  # a long prompt stops within a chunk of its client leaving
-            chunk = new[start:start + llm.n_batch]
-            wanted = 0
-            for i, token in enumerate(chunk):  # one sequence (0); logits only for the rows asked for
-                keep = start + i >= first_wanted
-                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, n_past + i, 1, keep
+            chunk = new[start:start + step]
+            n = fixed or len(chunk)  # rows in the pass: fixed shape, the chunk then pads (token 0) after it
+            for i in range(n):  # one sequence (0); logits only for the rows asked for (fixed: every row)
+                keep = start + i >= first_wanted and i < len(chunk)
+                batch.token[i] = chunk[i] if i < len(chunk) else 0
+                batch.pos[i], batch.n_seq_id[i], batch.logits[i] = n_past + i, 1, keep or bool(fixed)
                 batch.seq_id[i][0] = 0
-                wanted += keep
-            batch.n_tokens = len(chunk)
+            batch.n_tokens = n
             status = api.llama_decode(llm.ctx, batch)
             if status != 0:
-                raise RuntimeError(f"llama_decode failed ({status}) at {n_past} cached tokens, a batch of {len(chunk)}")
-            if wanted:
-                logits = np.ctypeslib.as_array(api.llama_get_logits(llm.ctx), shape=(wanted * self.vocab_size,))
-                out.append(logits.reshape(wanted, self.vocab_size).copy())
+                raise RuntimeError(f"llama_decode failed ({status}) at {n_past} cached tokens, a batch of {n}")
+            kept = [i for i in range(len(chunk)) if start + i >= first_wanted]
+            if kept:
+                given = n if fixed else len(kept)  # logits rows llama.cpp returned, in batch order
+                logits = np.ctypeslib.as_array(api.llama_get_logits(llm.ctx), shape=(given * self.vocab_size,))
+                logits = logits.reshape(given, self.vocab_size)
+                out.append((logits[kept] if fixed else logits).copy())
             n_past += len(chunk)
             self._cached.extend(chunk)
+            if fixed and n > len(chunk):
+                self._drop(n_past)  # the pads' cells
             llm.n_tokens = n_past  # Llama's public count, for its own generate() on this context (bench's peer)
         return torch.from_numpy(np.concatenate(out))  # [rows, V] float32
 

@@ -26,7 +26,6 @@ no exactness, runs one-row steps (P = 1) and takes its prompt in wider chunks (`
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import torch
@@ -36,7 +35,6 @@ from transformers import PreTrainedModel
 from mirrorsd.errors import ConfigError
 from mirrorsd.runtime.backends.base import PrefixCachedLM
 
-log = logging.getLogger("mirrorsd")
 
 FAMILIES = frozenset({"llama", "qwen2", "mistral"})
 DEFAULT_ROWS = 16  # P: a verify pass of up to K = 15 drafted tokens is one pass (on a GPU, about one step's cost)
@@ -212,12 +210,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def check_exact(lm: StaticTorchLM) -> bool:
-    """The invariance check on this model and device: passes of 1..P+1 positions (the last one spans two
-    passes) against one-token decoding, at two offsets, after whole and chunked prefills."""
-    from mirrorsd.runtime.backends.invariance import check_batch_invariance, probe_tokens
+    """The invariance check on this model and device (invariance.check_fixed_shape)."""
+    from mirrorsd.runtime.backends.invariance import check_fixed_shape
 
-    report = check_batch_invariance(lm, probe_tokens(lm.vocab_size, 8), offsets=(1, lm.rows + 3),
-                                    sizes=tuple(range(1, lm.rows + 2)))
-    if not report.exact:
-        log.warning("%s", report.summary())
-    return report.exact
+    return check_fixed_shape(lm, lm.rows)
