@@ -146,14 +146,15 @@ def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress:
     static = on_gpu if static is None else static
     # a draft's passes need no exactness: any shape; but the stock kernels too, as the CPU's kernel mode is
     # process-wide and a draft computes beside the target (ggml_kernels.py)
-    lm = LlamaCppLM(gguf, gpu_layers=0 if device == "cpu" else None, exact=not static,
+    lm = LlamaCppLM(gguf, gpu_layers=0 if device == "cpu" else None, exact=not static, flash_attn=True,
                     fixed_rows=DEFAULT_ROWS if static and role == "target" else None)
     if lm.fixed_rows:
         from mirrorsd.runtime.backends.ggml_kernels import build_id
         from mirrorsd.runtime.backends.invariance import check_fixed_shape
 
         lm.exact_batches = invariance_verdict(
-            f"invariance of {spec} ({gguf.name}) on {lm.backend}, {DEFAULT_ROWS} rows, llama.cpp build {build_id()}",
+            f"invariance of {spec} ({gguf.name}) on {lm.backend}, {DEFAULT_ROWS} rows, flash attention, "
+            f"llama.cpp build {build_id()}",
             lambda: check_fixed_shape(lm, DEFAULT_ROWS))
         if not lm.exact_batches:
             lm.fixed_rows = None  # not exact at one shape either: the cheaper passes of any shape (declared inexact)
