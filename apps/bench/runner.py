@@ -534,7 +534,7 @@ def simd_of(cpuinfo: str) -> str | None:
 
 def machine_info() -> dict:
     """The machine, its CPU and the torch devices, as far as they can be read without privileges."""
-    cpu, simd = platform.processor() or platform.machine(), None
+    cpu = platform.processor() or platform.machine()
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -543,7 +543,6 @@ def machine_info() -> dict:
         if line.startswith("model name"):
             cpu = line.split(":", 1)[1].strip()
             break
-    simd = simd_of(cpuinfo)
     devices = ["cpu"]
     if torch.cuda.is_available():
         devices += [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
@@ -555,7 +554,7 @@ def machine_info() -> dict:
         providers = onnxruntime.get_available_providers()
     except ImportError:
         providers = None
-    return {"platform": platform.platform(), "cpu": cpu, "simd": simd, "cpu_count": os.cpu_count(),
+    return {"platform": platform.platform(), "cpu": cpu, "simd": simd_of(cpuinfo), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "torch_devices": devices, "onnxruntime_providers": providers}
 
 

@@ -100,11 +100,11 @@ def _static_lm(model, device, spec: str, role: str):
     if role == "draft":
         return StaticTorchLM(model, device, rows=1, prefill_rows=DEFAULT_ROWS, exact_batches=False)
     lm = StaticTorchLM(model, device, exact_batches=False)
-    from mirrorsd.runtime.backends.torch_static import check_exact
+    from mirrorsd.runtime.backends.invariance import check_fixed_shape
 
     lm.exact_batches = invariance_verdict(
         f"invariance of {spec} on {lm.backend} in {lm.dtype}, {lm.rows} rows, {lm.max_context} cells, "
-        f"torch {torch.__version__}", lambda: check_exact(lm))
+        f"torch {torch.__version__}", lambda: check_fixed_shape(lm, lm.rows))
     return lm
 
 
@@ -134,7 +134,7 @@ def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress:
     batch-invariant mode. On the CPU the patched kernels are exact at every shape and cost less."""
     from mirrorsd.models import load_tokenizer, resolve_gguf
     from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM, import_llama_cpp
-    from mirrorsd.runtime.backends.torch_static import DEFAULT_ROWS
+    from mirrorsd.runtime.backends.invariance import FIXED_ROWS
 
     llama_cpp = import_llama_cpp()  # before any download: say at once that the extra is missing
     if _gpu_beyond_llamacpp(device):
@@ -147,15 +147,15 @@ def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress:
     # a draft's passes need no exactness: any shape; but the stock kernels too, as the CPU's kernel mode is
     # process-wide and a draft computes beside the target (ggml_kernels.py)
     lm = LlamaCppLM(gguf, gpu_layers=0 if device == "cpu" else None, exact=not static, flash_attn=True,
-                    fixed_rows=DEFAULT_ROWS if static and role == "target" else None)
+                    fixed_rows=FIXED_ROWS if static and role == "target" else None)
     if lm.fixed_rows:
         from mirrorsd.runtime.backends.ggml_kernels import build_id
         from mirrorsd.runtime.backends.invariance import check_fixed_shape
 
         lm.exact_batches = invariance_verdict(
-            f"invariance of {spec} ({gguf.name}) on {lm.backend}, {DEFAULT_ROWS} rows, flash attention, "
+            f"invariance of {spec} ({gguf.name}) on {lm.backend}, {FIXED_ROWS} rows, flash attention, "
             f"llama.cpp build {build_id()}",
-            lambda: check_fixed_shape(lm, DEFAULT_ROWS))
+            lambda: check_fixed_shape(lm, FIXED_ROWS))
         if not lm.exact_batches:
             lm.fixed_rows = None  # not exact at one shape either: the cheaper passes of any shape (declared inexact)
     tokenizer = load_tokenizer(tokenizer_dir)

@@ -16,6 +16,9 @@ import torch
 
 log = logging.getLogger("mirrorsd")
 
+# P, the rows of every pass on a fixed-shape backend (torch-static, llama.cpp's fixed_rows): a verify pass of up to
+# K = 15 drafted tokens is one pass (on a GPU, about one step's cost)
+FIXED_ROWS = 16
 DEFAULT_SIZES = tuple(range(1, 18))  # positions per verify pass: K + 1 for K = 0..16
 DEFAULT_CHUNKS = (0, 5)  # prefill the prefix in one batch (0), or in batches of 5 positions
 

@@ -150,22 +150,21 @@ class LlamaCppLM(PrefixCachedLM):
             if start:
                 self.check_cancel()  # a long prompt stops within a chunk of its client leaving
             chunk = new[start:start + step]
+            first = max(first_wanted - start, 0)  # the chunk's first row asked for
             n = fixed or len(chunk)  # rows in the pass: fixed shape, the chunk then pads (token 0) after it
             for i in range(n):  # one sequence (0); logits only for the rows asked for (fixed: every row)
-                keep = start + i >= first_wanted and i < len(chunk)
                 batch.token[i] = chunk[i] if i < len(chunk) else 0
-                batch.pos[i], batch.n_seq_id[i], batch.logits[i] = n_past + i, 1, keep or bool(fixed)
+                batch.pos[i], batch.n_seq_id[i], batch.logits[i] = n_past + i, 1, bool(fixed) or i >= first
                 batch.seq_id[i][0] = 0
             batch.n_tokens = n
             status = api.llama_decode(llm.ctx, batch)
             if status != 0:
                 raise RuntimeError(f"llama_decode failed ({status}) at {n_past} cached tokens, a batch of {n}")
-            kept = [i for i in range(len(chunk)) if start + i >= first_wanted]
-            if kept:
-                given = n if fixed else len(kept)  # logits rows llama.cpp returned, in batch order
+            if first < len(chunk):
+                given = n if fixed else len(chunk) - first  # logits rows llama.cpp returned, in batch order
                 logits = np.ctypeslib.as_array(api.llama_get_logits(llm.ctx), shape=(given * self.vocab_size,))
                 logits = logits.reshape(given, self.vocab_size)
-                out.append((logits[kept] if fixed else logits).copy())
+                out.append((logits[first:len(chunk)] if fixed else logits).copy())
             n_past += len(chunk)
             self._cached.extend(chunk)
             if fixed and n > len(chunk):

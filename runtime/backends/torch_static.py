@@ -34,10 +34,10 @@ from transformers import PreTrainedModel
 
 from mirrorsd.errors import ConfigError
 from mirrorsd.runtime.backends.base import PrefixCachedLM
+from mirrorsd.runtime.backends.invariance import FIXED_ROWS as DEFAULT_ROWS, check_fixed_shape
 
 
 FAMILIES = frozenset({"llama", "qwen2", "mistral"})
-DEFAULT_ROWS = 16  # P: a verify pass of up to K = 15 drafted tokens is one pass (on a GPU, about one step's cost)
 DEFAULT_CONTEXT = 4096  # cells in the static cache (as llama.cpp's default context); every pass attends over all
 CELL_ALIGN = 256  # cache length rounded up to this (attention kernels want aligned key counts)
 
@@ -103,7 +103,7 @@ class StaticTorchLM(PrefixCachedLM):
             self._cells = torch.arange(cells, device=self.device)
         self._passes = {n: _Pass(self, n, graphs) for n in {rows, prefill_rows or rows}}
         self.graphed = any(p.graph is not None for p in self._passes.values())
-        self.exact_batches = (prefill_rows is None and check_exact(self)) if exact_batches is None else exact_batches
+        self.exact_batches = (prefill_rows is None and check_fixed_shape(self, self.rows)) if exact_batches is None else exact_batches
 
     # -- one fixed-shape pass ----------------------------------------------------------------------
 
@@ -207,10 +207,3 @@ class _Pass:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def check_exact(lm: StaticTorchLM) -> bool:
-    """The invariance check on this model and device (invariance.check_fixed_shape)."""
-    from mirrorsd.runtime.backends.invariance import check_fixed_shape
-
-    return check_fixed_shape(lm, lm.rows)

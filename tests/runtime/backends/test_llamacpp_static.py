@@ -122,3 +122,15 @@ def test_a_verdict_is_measured_once_and_kept(tmp_path, monkeypatch):
     assert invariance_verdict("invariance of a model", lambda: checks.append(1) or False)  # kept: not re-checked
     assert not invariance_verdict("invariance of another model", lambda: checks.append(1) or False)
     assert len(checks) == 2
+
+
+def test_a_llamacpp_load_imports_no_torch_model_code():
+    """The fixed-shape option costs a GGUF load nothing at start-up: no transformers modelling code (seconds)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from mirrorsd.runtime.backends import load_lm; load_lm('smollm2-135m', 'llamacpp'); "
+            "print(sorted(m for m in sys.modules if m in ('transformers.modeling_utils', "
+            "'mirrorsd.runtime.backends.torch_static')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
