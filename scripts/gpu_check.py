@@ -13,6 +13,12 @@
    itself (as our self-draft row).
 3. The real qwen2.5-coder 1.5b/0.5b pair, modelled: its acceptance (--alpha, measured on the CPU: exact
    verification makes acceptance device-independent) with part 1's costs of the two shapes.
+4. llama.cpp, the build llama-cpp-python loads (on the device: LLAMA_CPP_LIB_PATH naming the folder
+   `scripts/build_llama_variant.sh cuda` built, the CUDA 13 runtime and cuBLAS of torch's install on
+   LD_LIBRARY_PATH), its stock kernels with flash attention: passes of any shape against fixed passes of 16 rows
+   (the invariance check, a decode step, verify passes in decode steps) on smollm2's GGUF and on random-weight
+   Q4_K_M files of the 1.5b and 0.5b shapes; then smollm2 as `Engine.load` gives it there (fixed-shape passes
+   where the check finds them exact), every drafter x mode as in part 2.
 report.md and report.json are rewritten after every part, so a run cut short keeps what it measured.
 --prompts: a JSONL workload (`mirrorsd bench --workload` format; `--write-prompts FILE` writes the bench's bundled
 suite there, on a machine that reaches the package registry); --small: tiny shapes, for a dry run on a CPU.
@@ -104,7 +110,7 @@ def part_shapes(args) -> dict:
             lm.reset()
         eager = rows["eager torch"]["decode_ms"]
         for r in rows.values():
-            r["speedup_vs_eager"] = round(eager / r["decode_ms"], 2)
+            r["speedup"] = round(eager / r["decode_ms"], 2)
         out[name] = rows
         del configs, model
         if args.device.startswith("cuda"):
@@ -144,14 +150,14 @@ def run_row(engine, prompts, cfg_for, device: str, reference: dict | None) -> di
             "greedy_equal": f"{sum(v['equal'] for v in by_cat.values())}/{len(prompts)}"}
 
 
-def part_smollm2(args, prompts) -> dict:
-    """Part 2: the real smollm2-135m on the static backend; every drafter x mode; peers."""
+def part_smollm2(args, prompts, backend: str = "torch-static") -> dict:
+    """Part 2: the real smollm2-135m on the static backend; every drafter x mode; peers (transformers, for torch)."""
     from mirrorsd import Engine, GenerationConfig
 
     def greedy(_prompt, mode="off"):
         return GenerationConfig(max_new_tokens=args.max_new_tokens, pipeline=mode)
 
-    target = Engine.load("smollm2-135m", draft="none", backend="torch-static", device=args.device)
+    target = Engine.load("smollm2-135m", draft="none", backend=backend, device=args.device)
     lm = target.target
     info = {"backend": lm.backend, "dtype": str(getattr(lm, "dtype", "")), "exact_batches": lm.exact_batches,
             "graphed": getattr(lm, "graphed", False)}
@@ -163,7 +169,7 @@ def part_smollm2(args, prompts) -> dict:
               "self draft on the device": dict(draft="smollm2-135m", draft_device=args.device)}
     sampled = {}
     for label, kw in drafts.items():
-        engine = Engine.load("smollm2-135m", backend="torch-static", device=args.device, **kw)
+        engine = Engine.load("smollm2-135m", backend=backend, device=args.device, **kw)
         for mode in MODES if kw["draft"] not in ("ngram", "chain") else ("off",):
             rows[f"{label}, {mode}"] = run_row(engine, prompts, lambda p, m=mode: greedy(p, m), args.device, reference)
             print(label, mode, rows[f"{label}, {mode}"]["tok_s"], rows[f"{label}, {mode}"]["greedy_equal"], flush=True)
@@ -171,7 +177,8 @@ def part_smollm2(args, prompts) -> dict:
             max_new_tokens=args.max_new_tokens, temperature=0.8, seed=1, pipeline=mode)).token_ids for mode in MODES}
         sampled[label] = len({tuple(t) for t in seeded.values()}) == 1
         engine.close()
-    rows.update(hf_peers(args, prompts, target))
+    if backend.startswith("torch"):
+        rows.update(hf_peers(args, prompts, target))
     for r in rows.values():
         r.pop("token_ids", None)
     return {"target": info, "rows": rows, "seeded_sampled_same_in_every_mode": sampled}
@@ -222,41 +229,114 @@ def part_pair(shapes: dict, alpha: float) -> dict:
                      "in target decode steps; draft and verify one after the other (no overlap)"}
 
 
+def shape_gguf(name: str, folder: Path, small: bool) -> Path:
+    """A Q4_K_M GGUF with random weights and the shape of `name` (llama.cpp's own quantizer picks each tensor's
+    type, Q6_K where a Q4_K_M file has it); the Llama layout, as verify costs depend on the shapes only."""
+    import sys
+
+    import transformers
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from gguf_files import quantize_gguf, write_llama_gguf
+
+    shape = {**SHAPES[name], **(SMALL if small else {})}
+    shape.pop("model_type")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(bos_token_id=None, eos_token_id=None, **shape))
+    f32 = write_llama_gguf(model.eval(), folder / f"{name}-f32.gguf")
+    del model
+    out = quantize_gguf(f32, folder / f"{name}-Q4_K_M.gguf")
+    f32.unlink()
+    return out
+
+
+def part_llamacpp(args, prompts) -> dict:
+    """Part 4: llama.cpp's stock kernels with flash attention, passes of any shape against fixed 16-row passes;
+    then smollm2 on the llama.cpp backend as Engine.load gives it on this device."""
+    import tempfile
+
+    import llama_cpp
+
+    from mirrorsd.models import resolve_gguf
+    from mirrorsd.runtime.backends.invariance import FIXED_ROWS, check_batch_invariance, probe_tokens
+    from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM
+
+    gpu = args.device != "cpu" and bool(llama_cpp.llama_supports_gpu_offload())
+    out = {"gpu_offload": gpu, "shapes": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {"smollm2-135m (its GGUF)": resolve_gguf("smollm2-135m", False)[0]}
+        for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"):
+            files[f"{name} shape (random Q4_K_M)"] = shape_gguf(name, Path(tmp), args.small)
+        for name, path in files.items():
+            rows = {}
+            for label, kw in {"stock, any shape": {}, f"fixed {FIXED_ROWS} rows": dict(fixed_rows=FIXED_ROWS)}.items():
+                lm = LlamaCppLM(path, exact=False, flash_attn=True, gpu_layers=None if gpu else 0, **kw)
+                ids = probe_tokens(lm.vocab_size, 200)
+                # offset 300 too: the kernels' choices (flash attention's split of the keys) vary with the length
+                report = check_batch_invariance(lm, ids[:8], offsets=(1, 40, 300), sizes=tuple(range(1, 18)))
+                decode = pass_seconds(lm, ids, 1, "cpu")  # llama.cpp's passes return when done
+                rows[label] = {"backend": lm.backend, "max_abs_diff": report.max_abs_diff,
+                               "decode_ms": round(decode * 1e3, 3),
+                               "verify_steps": {n: round(pass_seconds(lm, ids, n, "cpu") / decode, 3)
+                                                for n in VERIFY_SIZES}}
+                print(name, label, rows[label], flush=True)
+                lm.close()
+            stock = rows["stock, any shape"]["decode_ms"]
+            for r in rows.values():
+                r["speedup"] = round(stock / r["decode_ms"], 2)
+            out["shapes"][name] = rows
+    # the backend a user gets: fixed shapes on a GPU build (exact where the check says so); the same path on a CPU
+    out["smollm2"] = part_smollm2(args, prompts, backend="llamacpp" if gpu else "llamacpp-static")
+    return out
+
+
+def shape_table(title: str, shapes: dict, versus: str) -> list[str]:
+    lines = [title, "", f"| model shape | configuration | max \\|diff\\| n=1..17 | decode ms | vs {versus} | "
+             + " | ".join(f"K+1={n}" for n in SHOWN_SIZES) + " |",
+             "|---|---|---|---|---|" + "---|" * len(SHOWN_SIZES)]
+    for name, rows in shapes.items():
+        for label, r in rows.items():
+            diff = "**0 (exact)**" if r["max_abs_diff"] == 0 else f"{r['max_abs_diff']:.3g}"
+            lines.append(f"| {name} | {label} | {diff} | {r['decode_ms']} | {r['speedup']}x | "
+                         + " | ".join(str(r["verify_steps"][n]) for n in SHOWN_SIZES) + " |")
+    return lines + [""]
+
+
+def engine_table(title: str, s: dict) -> list[str]:
+    rows = s["rows"]
+    cats = sorted({c for r in rows.values() for c in r.get("categories", {})})
+    base = rows["target only"]["tok_s"]
+    t = s["target"]
+    lines = [f"{title} on {t['backend']} ({t['dtype'] + ', ' if t['dtype'] else ''}exact_batches "
+             f"{t['exact_batches']}, graphed {t['graphed']})", "",
+             "| configuration | tok/s | vs target only | " + " | ".join(cats) + " | greedy equal |",
+             "|---|---|---|" + "---|" * len(cats) + "---|"]
+    for label, r in rows.items():
+        per = " | ".join(f"{r['categories'][c]['tok_s'] / rows['target only']['categories'][c]['tok_s']:.2f}x"
+                         if c in r.get("categories", {}) else "-" for c in cats)
+        lines.append(f"| {label} | {r['tok_s']} | {r['tok_s'] / base:.2f}x | {per} | {r.get('greedy_equal', '-')} |")
+    return lines + ["", f"Seeded sampled run the same in every mode: {s['seeded_sampled_same_in_every_mode']}", ""]
+
+
 def write_report(out: Path, args, result: dict) -> None:
     (out / "report.json").write_text(json.dumps(result, indent=1, default=str))
     m = result["machine"]
     lines = [f"# The static-shape torch backend on {m['device_name']}", "",
              f"torch {m['torch']}, {m['platform']}. Command: `{m['command']}`", ""]
     if "shapes" in result:
-        lines += ["## Shapes (random weights, bfloat16)", "",
-                  "| model shape | configuration | max \\|diff\\| n=1..17 | decode ms | vs eager | "
-                  + " | ".join(f"K+1={n}" for n in SHOWN_SIZES) + " |",
-                  "|---|---|---|---|---|" + "---|" * len(SHOWN_SIZES)]
-        for name, rows in result["shapes"].items():
-            for label, r in rows.items():
-                diff = "**0 (exact)**" if r["max_abs_diff"] == 0 else f"{r['max_abs_diff']:.3g}"
-                lines.append(f"| {name} | {label} | {diff} | {r['decode_ms']} | {r['speedup_vs_eager']}x | "
-                             + " | ".join(str(r["verify_steps"][n]) for n in SHOWN_SIZES) + " |")
-        lines.append("")
+        lines += shape_table("## Shapes (random weights, bfloat16)", result["shapes"], "eager")
     if "smollm2" in result:
-        s = result["smollm2"]
-        rows = s["rows"]
-        cats = sorted({c for r in rows.values() for c in r.get("categories", {})})
-        base = rows["target only"]["tok_s"]
-        lines += [f"## smollm2-135m on {s['target']['backend']} ({s['target']['dtype']}, exact_batches "
-                  f"{s['target']['exact_batches']}, graphed {s['target']['graphed']})", "",
-                  "| configuration | tok/s | vs target only | " + " | ".join(cats) + " | greedy equal |",
-                  "|---|---|---|" + "---|" * len(cats) + "---|"]
-        for label, r in rows.items():
-            per = " | ".join(f"{r['categories'][c]['tok_s'] / rows['target only']['categories'][c]['tok_s']:.2f}x"
-                             if c in r.get("categories", {}) else "-" for c in cats)
-            lines.append(f"| {label} | {r['tok_s']} | {r['tok_s'] / base:.2f}x | {per} | {r.get('greedy_equal', '-')} |")
-        lines += ["", f"Seeded sampled run the same in every mode: {s['seeded_sampled_same_in_every_mode']}", ""]
+        lines += engine_table("## smollm2-135m", result["smollm2"])
     if "pair" in result:
         p = result["pair"]
         lines += ["## qwen2.5-coder 1.5b / 0.5b, modelled", "",
                   f"alpha {p['alpha']}, target step {p['target_decode_ms']} ms, draft step {p['draft_decode_ms']} ms: "
                   f"best K {p['best']['K']}, **{p['best']['speedup']}x** target only ({p['model']}).", ""]
+    if "llamacpp" in result:
+        r = result["llamacpp"]
+        lines += shape_table(f"## llama.cpp, stock kernels, flash attention (GPU offload: {r['gpu_offload']})",
+                             r["shapes"], "stock decode")
+        lines += engine_table("## smollm2-135m, llama.cpp", r["smollm2"])
     for part, error in result.get("errors", {}).items():
         lines += [f"Part {part} failed: `{error}`", ""]
     (out / "report.md").write_text("\n".join(lines))
@@ -273,7 +353,7 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="tiny shapes in part 1 (a dry run on a CPU)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--alpha", type=float, default=0.917, help="the 1.5b/0.5b pair's acceptance (docs/pipeline.md)")
-    ap.add_argument("--parts", default="shapes,smollm2,pair")
+    ap.add_argument("--parts", default="shapes,smollm2,pair,llamacpp")
     args = ap.parse_args()
     from mirrorsd.apps.bench.prompt_suite import bundled_suite, load_workload
 
@@ -292,7 +372,8 @@ def main() -> None:
                           "command": "python " + " ".join(sys.argv)}, "errors": {}}
     parts = args.parts.split(",")
     for part, run in (("shapes", lambda: part_shapes(args)), ("smollm2", lambda: part_smollm2(args, prompts)),
-                      ("pair", lambda: part_pair(result["shapes"], args.alpha))):
+                      ("pair", lambda: part_pair(result["shapes"], args.alpha)),
+                      ("llamacpp", lambda: part_llamacpp(args, prompts))):
         if part not in parts:
             continue
         try:

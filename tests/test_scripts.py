@@ -33,3 +33,31 @@ def test_the_names_a_script_imports_exist(script):
 def test_a_script_with_a_command_line_starts(script):
     out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "usage:" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_gpu_checks_llamacpp_part_runs_on_the_cpu(tmp_path):
+    """scripts/gpu_check.py's llama.cpp part, as a dry run: the same fixed-shape passes on the CPU's stock kernels
+    are exact on every file, and every drafter x mode on smollm2 keeps target only's greedy tokens."""
+    import json
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"category": "code", "temperature": 0.0, "top_p": 1.0, "messages": [
+        {"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}]}) + "\n")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+    out = subprocess.run([sys.executable, str(script), "--device", "cpu", "--small", "--parts", "llamacpp",
+                          "--max-new-tokens", "6", "--prompts", str(prompts), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["errors"] == {}
+    part = report["llamacpp"]
+    assert len(part["shapes"]) == 3
+    for name, rows in part["shapes"].items():
+        fixed = rows["fixed 16 rows"]
+        assert fixed["backend"] == "llamacpp-static:cpu" and fixed["max_abs_diff"] == 0, name
+    assert part["smollm2"]["target"]["exact_batches"] is True
+    assert {label: r["greedy_equal"] for label, r in part["smollm2"]["rows"].items()} == dict.fromkeys(
+        part["smollm2"]["rows"], "1/1")
+    assert all(part["smollm2"]["seeded_sampled_same_in_every_mode"].values())
+    assert "## llama.cpp, stock kernels" in (tmp_path / "out" / "report.md").read_text()
