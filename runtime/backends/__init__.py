@@ -116,8 +116,10 @@ def invariance_verdict(what: str, check) -> bool:
     from mirrorsd.devices import machine_id
     from mirrorsd.runtime.decode.policy.calibrate import CalibrationStore
 
+    from mirrorsd.runtime.backends.invariance import FIXED_CHECK
+
     store = CalibrationStore(cache_dir() / "calibrations.json")
-    key = " | ".join((what, machine_id(), f"mirrorsd {__version__}"))
+    key = " | ".join((what, FIXED_CHECK, machine_id(), f"mirrorsd {__version__}"))
     verdict = store.get_verdict(key)
     if verdict is None:
         verdict = check()

@@ -19,6 +19,8 @@ log = logging.getLogger("mirrorsd")
 # P, the rows of every pass on a fixed-shape backend (torch-static, llama.cpp's fixed_rows): a verify pass of up to
 # K = 15 drafted tokens is one pass (on a GPU, about one step's cost)
 FIXED_ROWS = 16
+# check_fixed_shape's passes, named in a kept verdict's key (runtime/backends/__init__.py): a new check, new verdicts
+FIXED_CHECK = "fixed-shape check 2"
 DEFAULT_SIZES = tuple(range(1, 18))  # positions per verify pass: K + 1 for K = 0..16
 DEFAULT_CHUNKS = (0, 5)  # prefill the prefix in one batch (0), or in batches of 5 positions
 
@@ -96,9 +98,12 @@ def check_batch_invariance(lm, tokens: Sequence[int], offsets: Sequence[int], si
 
 def check_fixed_shape(lm, rows: int) -> bool:
     """The check for a backend whose every pass has `rows` rows (torch-static, llama.cpp's fixed_rows): passes of
-    1..rows+1 positions (the last one spans two passes) at two offsets, after whole and chunked prefills; a
-    failure is logged with its summary."""
-    report = check_batch_invariance(lm, probe_tokens(lm.vocab_size, 8), offsets=(1, rows + 3),
+    1..rows+1 positions (the last one spans two passes) at two offsets, after whole and chunked prefills, and at a
+    third where the context allows: 257 - rows, whose passes read 256 cache cells while their rows' one-token
+    references read more (llama.cpp pads the cells a pass attends to to a multiple of 256, and a GPU's attention
+    may divide its work by that count); a failure is logged with its summary."""
+    offsets = (1, rows + 3) + ((257 - rows,) if 258 <= lm.max_context else ())
+    report = check_batch_invariance(lm, probe_tokens(lm.vocab_size, 8), offsets=offsets,
                                     sizes=tuple(range(1, rows + 2)))
     if not report.exact:
         log.warning("%s", report.summary())
