@@ -11,9 +11,17 @@
 #           X) and linked into scripts/kernel_invariance.cpp, the kernel-level invariance check, one static binary
 #           per CPU level, run under qemu-user by tests/runtime/backends/test_kernel_invariance.py. Needs Debian's
 #           gcc-aarch64-linux-gnu, g++-aarch64-linux-gnu (and qemu-user to run). About a minute.
+#   cuda    llama.cpp's libraries with the CUDA backend, for one GPU architecture (CUDA_ARCH, default 90-real: H100
+#           and H200), so a build fits a GPU machine that has no compiler: copy the folder there and point
+#           LLAMA_CPP_LIB_PATH at it, with the CUDA 13 runtime and cuBLAS on LD_LIBRARY_PATH (a torch cu130 install
+#           has both, in site-packages/nvidia/cu13/lib). Needs nvcc (CUDACXX, else PATH, else /usr/local/cuda*);
+#           cuBLAS's headers come from the nvidia-cublas wheel where the toolkit lacks them. The CPU side is the
+#           AVX2 build's; no driver library is linked (GGML_CUDA_NO_VMM: the memory pool without CUDA VMM). About an
+#           hour on two cores.
 #   bash scripts/build_llama_variant.sh avx2     # prints the folder holding the libraries (built once, then cached)
 #   bash scripts/build_llama_variant.sh server   # prints the path of llama-server
 #   bash scripts/build_llama_variant.sh arm64    # prints the folder holding kernel_invariance-<march> binaries
+#   bash scripts/build_llama_variant.sh cuda     # prints the folder holding the libraries
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VARIANT=${1:-avx2}
@@ -33,9 +41,15 @@ case "$VARIANT" in
            EXTRA=$(cksum < scripts/kernel_invariance.cpp)  # the check is part of the product
            command -v aarch64-linux-gnu-g++ > /dev/null \
                || { echo "no aarch64-linux-gnu-g++ (Debian: apt-get install g++-aarch64-linux-gnu)" >&2; exit 3; } ;;
-    *) echo "unknown variant $VARIANT (known: avx2, server, arm64)" >&2; exit 2 ;;
+    cuda) CUDA_ARCH=${CUDA_ARCH:-90-real}
+          NVCC=${CUDACXX:-$(command -v nvcc || ls -d /usr/local/cuda*/bin/nvcc 2>/dev/null | tail -n 1 || true)}
+          [ -x "$NVCC" ] || { echo "no nvcc (set CUDACXX, or install the CUDA toolkit)" >&2; exit 3; }
+          FLAGS="-DGGML_CUDA=ON -DGGML_CUDA_NO_VMM=ON -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH -DCMAKE_CUDA_COMPILER=$NVCC -DGGML_NATIVE=OFF
+                 -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF"
+          TARGET=llama PRODUCT=lib/libggml-cuda.so EXTRA=$("$NVCC" --version | tail -n 1) ;;
+    *) echo "unknown variant $VARIANT (known: avx2, server, arm64, cuda)" >&2; exit 2 ;;
 esac
-PY=.venv/bin/python
+PY=$PWD/.venv/bin/python
 [ -x "$PY" ] || PY=python3
 LLAMA=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml | head -n 1)
 PATCH=$PWD/scripts/patches/ggml-cpu-batch-invariant.patch
@@ -67,6 +81,15 @@ if [ ! -f "$OUT/$PRODUCT" ]; then
         rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
         echo "$OUT/lib"
         exit 0
+    fi
+    if [ "$VARIANT" = cuda ] && [ ! -f "$(dirname "$(dirname "$NVCC")")/include/cublas_v2.h" ]; then
+        # the pip toolkit (nvidia-cuda-nvcc) has no cuBLAS: its wheel has the headers and the libraries to link
+        "$PY" -m pip download -q --no-deps 'nvidia-cublas>=13,<13.1' -d "$SRC/cublas" >&2
+        (cd "$SRC/cublas" && "$PY" -m zipfile -e nvidia_cublas-*.whl .)
+        CU="$SRC/cublas/nvidia/cu13"
+        FLAGS="$FLAGS -DCUDA_cublas_LIBRARY=$CU/lib/libcublas.so.13 -DCUDA_cublasLt_LIBRARY=$CU/lib/libcublasLt.so.13
+               -DCMAKE_CUDA_FLAGS=-I$CU/include -DCMAKE_CXX_FLAGS=-I$CU/include
+               -DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath-link,$CU/lib"
     fi
     # the libraries find each other beside themselves ($ORIGIN), wherever they are copied
     cmake -S "$VENDOR" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON $FLAGS \
