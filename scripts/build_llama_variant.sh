@@ -16,8 +16,8 @@
 #           LLAMA_CPP_LIB_PATH at it, with the CUDA 13 runtime and cuBLAS on LD_LIBRARY_PATH (a torch cu130 install
 #           has both, in site-packages/nvidia/cu13/lib). Needs nvcc (CUDACXX, else PATH, else /usr/local/cuda*);
 #           cuBLAS's headers come from the nvidia-cublas wheel where the toolkit lacks them. The CPU side is the
-#           AVX2 build's; no driver library is linked (GGML_CUDA_NO_VMM: the memory pool without CUDA VMM). About an
-#           hour on two cores.
+#           AVX2 build's; no driver library is linked (GGML_CUDA_NO_VMM: the memory pool without CUDA VMM). About 40
+#           minutes on two cores.
 #   bash scripts/build_llama_variant.sh avx2     # prints the folder holding the libraries (built once, then cached)
 #   bash scripts/build_llama_variant.sh server   # prints the path of llama-server
 #   bash scripts/build_llama_variant.sh arm64    # prints the folder holding kernel_invariance-<march> binaries

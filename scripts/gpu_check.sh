@@ -2,7 +2,7 @@
 # The GPU check (scripts/gpu_check.py) on a lent GPU machine, which reaches no registry and takes 64 MiB a call.
 #   bash scripts/gpu_check.sh prepare   # here: wheels the device lacks, the prompts, and one bundle -- the
 #                                       # smollm2-135m GGUF and llama.cpp built for CUDA (scripts/build_llama_variant.sh
-#                                       # cuda: about an hour the first time; NO_CUDA_BUILD=1 leaves it out) -- split
+#                                       # cuda: about 40 minutes the first time; NO_CUDA_BUILD=1 leaves it out) -- split
 #                                       # into parts of 45 MB, all under .gpu/ (kept out of git); it prints the calls
 # then one device call per part, the machine kept warm between them, from the repository root:
 #   carry [".gpu/pN"]              command: bash scripts/gpu_check.sh keep N     (every part but the last)
