@@ -264,7 +264,8 @@ def part_llamacpp(args, prompts) -> dict:
     gpu = args.device != "cpu" and bool(llama_cpp.llama_supports_gpu_offload())
     out = {"gpu_offload": gpu, "shapes": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        files = {"smollm2-135m (its GGUF)": resolve_gguf("smollm2-135m", False)[0]}
+        # --small (a dry run on a CPU): the tiny files only; smollm2's check is the engine load's below
+        files = {} if args.small else {"smollm2-135m (its GGUF)": resolve_gguf("smollm2-135m", False)[0]}
         for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"):
             files[f"{name} shape (random Q4_K_M)"] = shape_gguf(name, Path(tmp), args.small)
         for name, path in files.items():
