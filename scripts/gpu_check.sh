@@ -8,8 +8,9 @@
 #   carry [".gpu/pN"]              command: bash scripts/gpu_check.sh keep N     (every part but the last)
 #   carry [".gpu/whl", ".gpu/pN"]  command: bash scripts/gpu_check.sh run        (the last; writes $OUT)
 # `run` checks the reassembled bundle's SHA-256, so a part left out is an error, not a wrong result. PARTS=...
-# picks gpu_check.py's parts (default all: shapes,smollm2,pair,llamacpp; about 5 minutes without llamacpp); words
-# after `run` go to gpu_check.py. A dry run here: PYTHON=.venv/bin/python DEVICE=cpu bash scripts/gpu_check.sh run --small
+# picks gpu_check.py's parts (default all: shapes,smollm2,pair,llamacpp; about 5 minutes without llamacpp, which
+# has not run on a GPU yet: on a call's 10 minutes, run it in a second call, carrying .gpu/whl again; the warm
+# machine keeps the bundle); words after `run` go to gpu_check.py. A dry run here: PYTHON=.venv/bin/python DEVICE=cpu bash scripts/gpu_check.sh run --small
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # MODELS.md: the assembled smollm2 GGUF
