@@ -52,6 +52,7 @@ SMALL = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden
 VERIFY_SIZES = tuple(range(2, 18))  # K+1 for K = 1..16
 SHOWN_SIZES = (2, 4, 8, 9, 16, 17)
 MODES = ("off", "overlap", "branches")
+PARTS = ("shapes", "smollm2", "pair", "llamacpp")
 
 
 def sync(device: str) -> None:
@@ -355,7 +356,7 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="tiny shapes in part 1 (a dry run on a CPU)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--alpha", type=float, default=0.917, help="the 1.5b/0.5b pair's acceptance (docs/pipeline.md)")
-    ap.add_argument("--parts", default="shapes,smollm2,pair,llamacpp")
+    ap.add_argument("--parts", default=",".join(PARTS))
     args = ap.parse_args()
     from mirrorsd.apps.bench.prompt_suite import bundled_suite, load_workload
 
@@ -366,6 +367,8 @@ def main() -> None:
         return
     if not (args.prompts and args.out):
         ap.error("--prompts and --out are required")
+    if unknown := set(args.parts.split(",")) - set(PARTS):
+        ap.error(f"--parts: no part {', '.join(sorted(unknown))} (the parts: {', '.join(PARTS)})")
 
     prompts = [p for p in load_workload(args.prompts) if p.greedy and p.json_schema is None]
     args.out.mkdir(parents=True, exist_ok=True)

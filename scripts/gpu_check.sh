@@ -10,7 +10,8 @@
 # `run` checks the reassembled bundle's SHA-256, so a part left out is an error, not a wrong result. PARTS=...
 # picks gpu_check.py's parts (default all: shapes,smollm2,pair,llamacpp; about 5 minutes without llamacpp, which
 # has not run on a GPU yet: on a call's 10 minutes, run it in a second call, carrying .gpu/whl again; the warm
-# machine keeps the bundle); words after `run` go to gpu_check.py. A dry run here: PYTHON=.venv/bin/python DEVICE=cpu bash scripts/gpu_check.sh run --small
+# machine keeps the bundle); words after `run` go to gpu_check.py. A dry run here, after `keep` of every part but the
+# last: PYTHON=.venv/bin/python DEVICE=cpu bash scripts/gpu_check.sh run --small
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # MODELS.md: the assembled smollm2 GGUF
@@ -27,11 +28,13 @@ prepare)
     done
     GGUF=$(.venv/bin/python -c 'from mirrorsd.models import resolve_gguf; print(resolve_gguf("smollm2-135m")[0])')
     cp "$GGUF" .gpu/bundle/smollm2-135m.gguf
-    # llama-cpp-python as scripts/setup.sh built it here (its Python side; on the device it loads llama-cuda's libraries)
-    cp "${XDG_CACHE_HOME:-$HOME/.cache}/mirrorsd/llama-cpp-wheels/$(cat .venv/.llama-cpp-build)"/llama_cpp_python-*.whl \
-        .gpu/bundle/
+    # llama-cpp-python as scripts/setup.sh built it here, unpacked; with llama.cpp for CUDA, its Python side only
+    WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/mirrorsd/llama-cpp-wheels/$(cat .venv/.llama-cpp-build)"
+    .venv/bin/python -m zipfile -e "$WHEELS"/llama_cpp_python-*.whl .gpu/bundle/site
+    rm -rf .gpu/bundle/site/lib .gpu/bundle/site/include  # copies of llama_cpp/lib, and headers, for builders
     if [ "${NO_CUDA_BUILD:-0}" != 1 ]; then
-        cp -rL "$(bash scripts/build_llama_variant.sh cuda | tail -n 1)" .gpu/bundle/llama-cuda
+        cp -a "$(bash scripts/build_llama_variant.sh cuda | tail -n 1)" .gpu/bundle/llama-cuda  # links kept
+        rm -rf .gpu/bundle/site/llama_cpp/lib
     fi
     tar -C .gpu/bundle -cf - . | xz -T 2 -6 > .gpu/bundle.tar.xz
     rm -rf .gpu/bundle
@@ -39,10 +42,11 @@ prepare)
     N=0
     for f in .gpu/part*; do N=$((N + 1)); mkdir -p ".gpu/p$N"; mv "$f" ".gpu/p$N/part"; done
     for i in $(seq 1 $N); do cat ".gpu/p$i/part"; done | sha256sum | cut -d ' ' -f 1 > .gpu/whl/bundle.sha256
-    .venv/bin/python scripts/gpu_check.py --write-prompts .gpu/prompts.jsonl
-    cp .gpu/prompts.jsonl .gpu/whl/
+    .venv/bin/python scripts/gpu_check.py --write-prompts .gpu/whl/prompts.jsonl
     du -sh .gpu/*
-    for i in $(seq 1 $((N - 1))); do echo "call $i: carry [\".gpu/p$i\"]  command: bash scripts/gpu_check.sh keep $i"; done
+    for i in $(seq 1 $((N - 1))); do
+        echo "call $i: carry [\".gpu/p$i\"]  command: bash scripts/gpu_check.sh keep $i"
+    done
     echo "call $N: carry [\".gpu/whl\", \".gpu/p$N\"]  command: bash scripts/gpu_check.sh run"
     ;;
 keep)
@@ -65,10 +69,9 @@ run)
         # the catalog's record of a checked file (it re-hashes once, the time not matching, and keeps it)
         printf '{"sha256": "%s", "size": %s}' $SHA "$(stat -c %s "$DEST/smollm2-135m.gguf")" > "$DEST/checked.json"
     fi
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
-        /tmp/bundle/*.whl
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl
     "$PY" -m pip install -q --no-deps --no-build-isolation --no-compile --target /tmp/site . >/dev/null
-    export PYTHONPATH=/tmp/site
+    export PYTHONPATH=/tmp/site:/tmp/bundle/site
     if [ -d /tmp/bundle/llama-cuda ]; then
         # llama.cpp for CUDA, on the CUDA 13 runtime and cuBLAS that torch's install brings
         CU=$("$PY" -c 'import glob, site; print(" ".join(sorted({p.rsplit("/", 1)[0] for s in site.getsitepackages()
