@@ -74,6 +74,27 @@ def pass_seconds(lm, ids: list[int], n: int, device: str, base: int = 64, repeat
     return statistics.median(times[2:])
 
 
+def measure(what: str, lm, offsets: tuple[int, ...], device: str) -> dict:
+    """The invariance check at `offsets` (passes of 1..17 positions), a decode step, and verify passes of K+1
+    positions in decode steps."""
+    from mirrorsd.runtime.backends.invariance import check_batch_invariance, probe_tokens
+
+    ids = probe_tokens(lm.vocab_size, 200)
+    report = check_batch_invariance(lm, ids[:8], offsets=offsets, sizes=tuple(range(1, 18)))
+    decode = pass_seconds(lm, ids, 1, device)
+    row = {"backend": lm.backend, "max_abs_diff": report.max_abs_diff, "decode_ms": round(decode * 1e3, 3),
+           "verify_steps": {n: round(pass_seconds(lm, ids, n, device) / decode, 3) for n in VERIFY_SIZES}}
+    print(what, row, flush=True)
+    return row
+
+
+def with_speedup(rows: dict, base: str) -> dict:
+    """Each row's decode speed against row `base`'s."""
+    for r in rows.values():
+        r["speedup"] = round(rows[base]["decode_ms"] / r["decode_ms"], 2)
+    return rows
+
+
 def random_model(shape: dict, device: str):
     import transformers
 
@@ -88,31 +109,21 @@ def random_model(shape: dict, device: str):
 
 def part_shapes(args) -> dict:
     """Part 1: per shape, eager against static: exactness, decode ms, verify cost in decode steps."""
-    from mirrorsd.runtime.backends.invariance import check_batch_invariance, probe_tokens
     from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
     from mirrorsd.runtime.backends.torch_static import StaticTorchLM
 
     out = {}
     for name, shape in SHAPES.items():
         model = random_model({**shape, **SMALL} if args.small else shape, args.device)
-        ids = probe_tokens(model.config.vocab_size, 200)
         configs = {"eager torch": TorchCausalLM(model, args.device),
                    "static, graphed" if args.device.startswith("cuda") else "static":
                        StaticTorchLM(model, args.device, exact_batches=False),
                    "draft (1 row)": StaticTorchLM(model, args.device, rows=1, prefill_rows=16, exact_batches=False)}
         rows = {}
         for label, lm in configs.items():
-            report = check_batch_invariance(lm, ids[:8], offsets=(1, 40), sizes=tuple(range(1, 18)))
-            decode = pass_seconds(lm, ids, 1, args.device)
-            rows[label] = {"max_abs_diff": report.max_abs_diff, "decode_ms": round(decode * 1e3, 3),
-                           "verify_steps": {n: round(pass_seconds(lm, ids, n, args.device) / decode, 3)
-                                            for n in VERIFY_SIZES}}
-            print(name, label, rows[label], flush=True)
+            rows[label] = measure(f"{name}, {label}", lm, (1, 40), args.device)
             lm.reset()
-        eager = rows["eager torch"]["decode_ms"]
-        for r in rows.values():
-            r["speedup"] = round(eager / r["decode_ms"], 2)
-        out[name] = rows
+        out[name] = with_speedup(rows, "eager torch")
         del configs, model
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -259,7 +270,7 @@ def part_llamacpp(args, prompts) -> dict:
     import llama_cpp
 
     from mirrorsd.models import resolve_gguf
-    from mirrorsd.runtime.backends.invariance import FIXED_ROWS, check_batch_invariance, probe_tokens
+    from mirrorsd.runtime.backends.invariance import FIXED_ROWS
     from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM
 
     gpu = args.device != "cpu" and bool(llama_cpp.llama_supports_gpu_offload())
@@ -273,21 +284,11 @@ def part_llamacpp(args, prompts) -> dict:
             rows = {}
             for label, kw in {"stock, any shape": {}, f"fixed {FIXED_ROWS} rows": dict(fixed_rows=FIXED_ROWS)}.items():
                 lm = LlamaCppLM(path, exact=False, flash_attn=True, gpu_layers=None if gpu else 0, **kw)
-                ids = probe_tokens(lm.vocab_size, 200)
                 # 241 and 300 too: kernels choose by the cells a pass reads (llama.cpp pads them to 256); at 241 a
-                # pass reads 256 and its rows' one-token references more
-                report = check_batch_invariance(lm, ids[:8], offsets=(1, 40, 241, 300), sizes=tuple(range(1, 18)))
-                decode = pass_seconds(lm, ids, 1, "cpu")  # llama.cpp's passes return when done
-                rows[label] = {"backend": lm.backend, "max_abs_diff": report.max_abs_diff,
-                               "decode_ms": round(decode * 1e3, 3),
-                               "verify_steps": {n: round(pass_seconds(lm, ids, n, "cpu") / decode, 3)
-                                                for n in VERIFY_SIZES}}
-                print(name, label, rows[label], flush=True)
+                # pass reads 256 and its rows' one-token references more. "cpu": llama.cpp's passes return when done
+                rows[label] = measure(f"{name}, {label}", lm, (1, 40, 241, 300), "cpu")
                 lm.close()
-            stock = rows["stock, any shape"]["decode_ms"]
-            for r in rows.values():
-                r["speedup"] = round(stock / r["decode_ms"], 2)
-            out["shapes"][name] = rows
+            out["shapes"][name] = with_speedup(rows, "stock, any shape")
     # the backend a user gets: fixed shapes on a GPU build (exact where the check says so); the same path on a CPU
     out["smollm2"] = part_smollm2(args, prompts, backend="llamacpp" if gpu else "llamacpp-static")
     return out
