@@ -4,7 +4,8 @@
 #   avx2    llama.cpp's libraries (libllama, libggml*) for AVX2 + FMA + F16C without AVX-512 (most x86 laptops), so
 #           the patch's kernels for that level are built and tested even where the CPU has more; llama-cpp-python
 #           loads them instead of its own with LLAMA_CPP_LIB_PATH=FOLDER (tests/runtime/backends/
-#           test_invariance_variants.py). About two minutes on two cores.
+#           test_invariance_variants.py); beside them, scripts/kernel_invariance.cpp linked against them
+#           (tests/runtime/backends/test_kernel_invariance.py runs it). About two minutes on two cores.
 #   server  llama-server for this CPU, with llama.cpp's stock kernels: the peer `mirrorsd bench --peers llama-server`
 #           measures beside ours (apps/bench/llama_server.py). About five minutes.
 #   arm64   ggml cross-compiled for ARM64 (NEON with dotprod, as Apple M1; and with i8mm, as Apple M2+ and Snapdragon
@@ -28,7 +29,8 @@ VARIANT=${1:-avx2}
 TOOLS=OFF CPU="" EXTRA=""
 case "$VARIANT" in
     avx2) FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF"
-          TARGET=llama PRODUCT=lib/libllama.so
+          TARGET=llama PRODUCT=lib/kernel_invariance
+          EXTRA=$(cksum < scripts/kernel_invariance.cpp)  # the check is part of the product
           [ "$(uname -m)" = x86_64 ] || { echo "the avx2 variant is an x86-64 build; this machine is $(uname -m)" >&2; exit 3; } ;;
     server) FLAGS="-DGGML_NATIVE=ON" TARGET=llama-server PRODUCT=lib/llama-server TOOLS=ON
             CPU=$(grep -m 1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null || true)  # a native build is this CPU's
@@ -99,6 +101,10 @@ if [ ! -f "$OUT/$PRODUCT" ]; then
     mkdir -p "$OUT.tmp/lib"
     cp -P "$SRC"/build/bin/lib*.so* "$OUT.tmp/lib/"
     [ "$TARGET" = llama ] || cp "$SRC/build/bin/$TARGET" "$OUT.tmp/lib/"
+    if [ "$VARIANT" = avx2 ]; then
+        g++ -O2 -std=c++17 -I"$VENDOR/ggml/include" scripts/kernel_invariance.cpp -L"$SRC/build/bin" \
+            -lggml -lggml-base -lggml-cpu -Wl,-rpath,'$ORIGIN' -o "$OUT.tmp/lib/kernel_invariance"
+    fi
     rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
 fi
 [ "$TARGET" = llama ] || [ "$TARGET" = ggml ] && echo "$OUT/lib" || echo "$OUT/$PRODUCT"

@@ -4,7 +4,7 @@
 // kernels one-token decoding runs). Built for a foreign CPU and run under qemu-user by scripts/kernel_invariance.sh,
 // so the ARM kernels are checked on an x86 machine; it runs natively too.
 //   kernel_invariance [--stock]   --stock computes the n-column passes with the patch off: expected to differ
-// Prints one line per case and exits 1 if any case differs.
+// Prints one line per case and exits 1 if any case differs, or if repacked weights compute other values than plain ones.
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -83,6 +83,7 @@ int main(int argc, char ** argv) {
                                GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_F32};
     int failures = 0;
     for (ggml_type type : types) {
+        std::vector<float> plain_reference;  // the plain weights' one-column outputs: repacked kernels must agree
         std::vector<uint8_t> q(ggml_row_size(type, K) * M);
         ggml_quantize_chunk(type, w_f32.data(), q.data(), 0, M, K, nullptr);
         for (int repacked = 0; repacked < 2; ++repacked) {
@@ -107,6 +108,18 @@ int main(int argc, char ** argv) {
                 std::copy(y.begin(), y.end(), reference.begin() + c * M);
             }
 
+            // a repacked layout computes the same products in another order: equal up to float rounding
+            float layout_diff = 0, scale = 0;
+            if (repacked) {
+                for (size_t i = 0; i < reference.size(); ++i) {
+                    layout_diff = std::max(layout_diff, std::fabs(reference[i] - plain_reference[i]));
+                    scale = std::max(scale, std::fabs(plain_reference[i]));
+                }
+            } else {
+                plain_reference = reference;
+            }
+            const bool layout_wrong = layout_diff > 1e-5f * scale;
+
             ggml_cpu_set_batch_invariant(!stock);
             int bad_n = 0;
             float max_diff = 0;
@@ -124,8 +137,9 @@ int main(int argc, char ** argv) {
                    repacked ? "repacked" : "plain", MAX_N,
                    bad_n ? "DIFFERS" : "bit-identical");
             if (bad_n) printf(" (%d of %d passes, max |diff| %g)", bad_n, MAX_N, max_diff);
+            if (repacked) printf("; vs plain weights max |diff| %.1e of %.1e%s", layout_diff, scale, layout_wrong ? ": WRONG" : "");
             printf("\n");
-            failures += bad_n > 0;
+            failures += bad_n > 0 || layout_wrong;
         }
     }
     ggml_backend_free(backend);

@@ -62,11 +62,12 @@ def test_every_row_is_exact_with_repacking_off(quant, ggufs):
     assert lm.exact_batches and report.exact, report.summary()
 
 
-@pytest.mark.parametrize("quant", ["Q4_K_M", "Q4_0"])
-def test_stock_kernels_fail_the_same_check(quant, ggufs):
-    """The check can fail: llama.cpp's stock batched kernels (the tiled K-quant matmul, the repacked GEMM)
-    give a batch's rows other logits than one-token decoding, and the backend does not claim otherwise."""
-    lm = LlamaCppLM(ggufs[quant], threads=2, n_ctx=512, exact=False)
+def test_stock_kernels_fail_the_same_check(ggufs):
+    """The check can fail: llama.cpp's stock batched kernels (the repacked Q4_K GEMM, and with AVX-512 the tiled
+    K-quant matmul of the Q6_K head) give a batch's rows other logits than one-token decoding, and the backend does
+    not claim otherwise. (The tiny Q4_0, Q4_1 and Q8_0 files differed only in their Q6_K head, which on AVX2 the patch
+    repacks for its GEMV, the one kernel that layout has there in either mode.)"""
+    lm = LlamaCppLM(ggufs["Q4_K_M"], threads=2, n_ctx=512, exact=False)
     assert not lm.exact_batches
     report = check_batch_invariance(lm, TOKENS, offsets=(9,), sizes=(1, 4, 8, 16))
     assert not report.exact and report.by_size[16] > 0, report.summary()

@@ -1,7 +1,8 @@
 """The batch-invariant kernels of another x86 feature level than this machine's: an AVX2 build without AVX-512 (the
 CPUs most x86 laptops have), built by scripts/build_llama_variant.sh (scripts/test.sh builds it and names its folder
 in MIRRORSD_LLAMA_AVX2), runs test_invariance.py in a child process that loads it (LLAMA_CPP_LIB_PATH): every weight
-type, repacked and not, exact on those kernels too, on any x86-64 machine with AVX2."""
+type, repacked and not, exact on those kernels too, on any x86-64 machine with AVX2; and the kernel-level check
+(scripts/kernel_invariance.cpp) against the same build."""
 
 from __future__ import annotations
 
@@ -34,3 +35,24 @@ def test_the_invariance_tests_pass_on_an_avx2_build():
                          timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
+
+
+def run_kernel_check(*args: str) -> subprocess.CompletedProcess:
+    # scripts/kernel_invariance.cpp, linked against the AVX2 build by scripts/build_llama_variant.sh avx2
+    return subprocess.run([str(Path(avx2_build()) / "kernel_invariance"), *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_every_column_of_an_avx2_multi_column_mul_mat_is_one_token_decodings():
+    run = run_kernel_check()
+    assert run.returncode == 0 and run.stdout.splitlines()[-1] == "PASS", run.stdout + run.stderr[-2000:]
+    cases = [line for line in run.stdout.splitlines() if "n=1..17" in line]
+    # the catalog's Q4_K_M files: Q4_K and Q6_K both repacked on AVX2, and each repacked layout computes what the
+    # plain weights compute (up to float rounding: the check fails a kernel that is invariant but wrong)
+    for kind in ("q4_K  repacked", "q6_K  repacked"):
+        assert any(line.startswith(kind) and "vs plain weights" in line for line in cases), run.stdout
+
+
+def test_with_the_patch_off_the_avx2_check_fails():
+    run = run_kernel_check("--stock")
+    assert run.returncode == 1 and "DIFFERS" in run.stdout, run.stdout + run.stderr[-2000:]
