@@ -6,8 +6,9 @@
 #           loads them instead of its own with LLAMA_CPP_LIB_PATH=FOLDER (tests/runtime/backends/
 #           test_invariance_variants.py); beside them, scripts/kernel_invariance.cpp linked against them
 #           (tests/runtime/backends/test_kernel_invariance.py runs it). About two minutes on two cores.
-#   server  llama-server for this CPU, with llama.cpp's stock kernels: the peer `mirrorsd bench --peers llama-server`
-#           measures beside ours (apps/bench/llama_server.py). About five minutes.
+#   server  llama-server for this CPU, stock: llama.cpp as vendored, without the patch (which also changes one-row
+#           kernels on AVX2), the peer `mirrorsd bench --peers llama-server` measures beside ours
+#           (apps/bench/llama_server.py). About five minutes.
 #   arm64   ggml cross-compiled for ARM64 (NEON with dotprod, as Apple M1; and with i8mm, as Apple M2+ and Snapdragon
 #           X) and linked into scripts/kernel_invariance.cpp, the kernel-level invariance check, one static binary
 #           per CPU level, run under qemu-user by tests/runtime/backends/test_kernel_invariance.py. Needs Debian's
@@ -26,13 +27,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VARIANT=${1:-avx2}
-TOOLS=OFF CPU="" EXTRA=""
+TOOLS=OFF CPU="" EXTRA="" PATCHED=1
 case "$VARIANT" in
     avx2) FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF"
           TARGET=llama PRODUCT=lib/kernel_invariance
           EXTRA=$(cksum < scripts/kernel_invariance.cpp)  # the check is part of the product
           [ "$(uname -m)" = x86_64 ] || { echo "the avx2 variant is an x86-64 build; this machine is $(uname -m)" >&2; exit 3; } ;;
-    server) FLAGS="-DGGML_NATIVE=ON" TARGET=llama-server PRODUCT=lib/llama-server TOOLS=ON
+    server) FLAGS="-DGGML_NATIVE=ON" TARGET=llama-server PRODUCT=lib/llama-server TOOLS=ON PATCHED=0
             CPU=$(grep -m 1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null || true)  # a native build is this CPU's
             # as scripts/setup.sh builds the wheel: without AMX (its matmul died with SIGILL on a Xeon here)
             [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] && export CFLAGS="${CFLAGS--mno-amx-tile -mno-amx-int8 -mno-amx-bf16}" \
@@ -55,7 +56,8 @@ PY=$PWD/.venv/bin/python
 [ -x "$PY" ] || PY=python3
 LLAMA=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml | head -n 1)
 PATCH=$PWD/scripts/patches/ggml-cpu-batch-invariant.patch
-KEY=$(printf '%s|' "$LLAMA" "$VARIANT" "$FLAGS" "${CFLAGS-}" "$(cksum < "$PATCH")" "$(uname -sm)" "$CPU" "$EXTRA" \
+KEY=$(printf '%s|' "$LLAMA" "$VARIANT" "$FLAGS" "${CFLAGS-}" "$([ $PATCHED = 1 ] && cksum < "$PATCH" || echo stock)" \
+    "$(uname -sm)" "$CPU" "$EXTRA" \
     | cksum | cut -d ' ' -f 1)
 OUT="${XDG_CACHE_HOME:-$HOME/.cache}/mirrorsd/llama-variants/$VARIANT-$KEY"
 if [ ! -f "$OUT/$PRODUCT" ]; then
@@ -64,7 +66,7 @@ if [ ! -f "$OUT/$PRODUCT" ]; then
     "$PY" -m pip download -q --no-deps --no-binary :all: "$LLAMA" -d "$SRC" >&2
     tar xzf "$SRC"/llama_cpp_python-*.tar.gz -C "$SRC"
     VENDOR=$(echo "$SRC"/llama_cpp_python-*/vendor/llama.cpp)
-    (cd "$SRC"/llama_cpp_python-*/ && git apply -p1 --directory=vendor/llama.cpp "$PATCH")  # as scripts/setup.sh
+    [ $PATCHED = 0 ] || (cd "$SRC"/llama_cpp_python-*/ && git apply -p1 --directory=vendor/llama.cpp "$PATCH")  # as setup.sh
     if [ "$VARIANT" = arm64 ]; then
         mkdir -p "$OUT.tmp/lib"
         printf '%s\n' 'set(CMAKE_SYSTEM_NAME Linux)' 'set(CMAKE_SYSTEM_PROCESSOR aarch64)' \
