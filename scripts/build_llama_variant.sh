@@ -5,7 +5,7 @@
 #           the patch's kernels for that level are built and tested even where the CPU has more; llama-cpp-python
 #           loads them instead of its own with LLAMA_CPP_LIB_PATH=FOLDER (tests/runtime/backends/
 #           test_invariance_variants.py); beside them, scripts/kernel_invariance.cpp linked against them
-#           (tests/runtime/backends/test_kernel_invariance.py runs it). About two minutes on two cores.
+#           (tests/runtime/backends/test_invariance_variants.py runs it). About two minutes on two cores.
 #   server  llama-server for this CPU, stock: llama.cpp as vendored, without the patch (which also changes one-row
 #           kernels on AVX2), the peer `mirrorsd bench --peers llama-server` measures beside ours
 #           (apps/bench/llama_server.py). About five minutes.
