@@ -5,7 +5,8 @@
 #           the patch's kernels for that level are built and tested even where the CPU has more; llama-cpp-python
 #           loads them instead of its own with LLAMA_CPP_LIB_PATH=FOLDER (tests/runtime/backends/
 #           test_invariance_variants.py); beside them, scripts/kernel_invariance.cpp linked against them
-#           (tests/runtime/backends/test_invariance_variants.py runs it). About two minutes on two cores.
+#           (tests/runtime/backends/test_invariance_variants.py runs it), and scripts/kernel_bound.cpp, what a row
+#           costs the AVX2 multi-row kernels against the core's multiplier (docs/exactness.md). About two minutes.
 #   server  llama-server for this CPU, stock: llama.cpp as vendored, without the patch (which also changes one-row
 #           kernels on AVX2), the peer `mirrorsd bench --peers llama-server` measures beside ours
 #           (apps/bench/llama_server.py). About five minutes.
@@ -31,7 +32,7 @@ TOOLS=OFF CPU="" EXTRA="" PATCHED=1
 case "$VARIANT" in
     avx2) FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF"
           TARGET=llama PRODUCT=lib/kernel_invariance
-          EXTRA=$(cksum < scripts/kernel_invariance.cpp)  # the check is part of the product
+          EXTRA=$(cat scripts/kernel_invariance.cpp scripts/kernel_bound.cpp | cksum)  # part of the product
           [ "$(uname -m)" = x86_64 ] || { echo "the avx2 variant is an x86-64 build; this machine is $(uname -m)" >&2; exit 3; } ;;
     server) FLAGS="-DGGML_NATIVE=ON" TARGET=llama-server PRODUCT=lib/llama-server TOOLS=ON PATCHED=0
             CPU=$(grep -m 1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null || true)  # a native build is this CPU's
@@ -106,6 +107,8 @@ if [ ! -f "$OUT/$PRODUCT" ]; then
     if [ "$VARIANT" = avx2 ]; then
         g++ -O2 -std=c++17 -I"$VENDOR/ggml/include" scripts/kernel_invariance.cpp -L"$SRC/build/bin" \
             -lggml -lggml-base -lggml-cpu -Wl,-rpath,'$ORIGIN' -o "$OUT.tmp/lib/kernel_invariance"
+        g++ -O2 -std=c++17 -mavx2 -mfma -pthread scripts/kernel_bound.cpp -L"$SRC/build/bin" -lggml-cpu -lggml-base \
+            -Wl,-rpath,'$ORIGIN' -o "$OUT.tmp/lib/kernel_bound"
     fi
     rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
 fi

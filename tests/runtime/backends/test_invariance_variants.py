@@ -56,3 +56,15 @@ def test_every_column_of_an_avx2_multi_column_mul_mat_is_one_token_decodings():
 def test_with_the_patch_off_the_avx2_check_fails():
     run = run_kernel_check("--stock")
     assert run.returncode == 1 and "DIFFERS" in run.stdout, run.stdout + run.stderr[-2000:]
+
+
+def test_the_avx2_kernels_cost_per_row_against_the_cores_multiplier():
+    # scripts/kernel_bound.cpp, linked beside kernel_invariance: it runs, and reports every row count of both
+    # kernels with a positive cost (what the figures are is docs/exactness.md's business, measured on a quiet machine)
+    run = subprocess.run([str(Path(avx2_build()) / "kernel_bound"), "--quick"], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
+    assert run.stdout.startswith("this core: ") and " ns per vpmaddubsw" in run.stdout.splitlines()[0], run.stdout
+    rows = [line.split() for line in run.stdout.splitlines() if line.startswith(("q4_K", "q6_K"))]
+    assert [(r[0], int(r[1])) for r in rows] == [(t, n) for t in ("q4_K", "q6_K") for n in (1, 2, 4, 8, 16)], run.stdout
+    assert all(float(r[2]) > 0 for r in rows), run.stdout
