@@ -146,10 +146,13 @@ def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress:
     gguf, tokenizer_dir = resolve_gguf(spec, progress)
     on_gpu = device != "cpu" and bool(llama_cpp.llama_supports_gpu_offload())
     static = on_gpu if static is None else static
-    # a draft's passes need no exactness: any shape; but the stock kernels too, as the CPU's kernel mode is
-    # process-wide and a draft computes beside the target (ggml_kernels.py)
+    # A draft runs the target's kernels (the CPU's kernel mode is process-wide and a draft computes beside the
+    # target: ggml_kernels.py) and its one shape too. Its passes need no exactness, but with rows that do not
+    # depend on the pass, its probabilities do not depend on which tokens its cache took in which pass (a
+    # prompt's cached prefix, a mode's catch-up), so a seeded sampled run is the same in every mode and after
+    # any earlier request. On a GPU a pass of 16 rows costs about one of one row.
     lm = LlamaCppLM(gguf, gpu_layers=0 if device == "cpu" else None, exact=not static, flash_attn=True,
-                    fixed_rows=FIXED_ROWS if static and role == "target" else None)
+                    fixed_rows=FIXED_ROWS if static else None)
     if lm.fixed_rows:
         from mirrorsd.runtime.backends.ggml_kernels import build_id
         from mirrorsd.runtime.backends.invariance import check_fixed_shape

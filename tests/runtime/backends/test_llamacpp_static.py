@@ -2,7 +2,8 @@
 GPU), here on the CPU with llama.cpp's stock kernels, which are not batch-invariant at varying shapes (a Q4_K_M
 model: the repacked GEMM and the tiled K-quant matmul): with every pass P rows, every row of a verify pass equals
 one-token decoding bit for bit, pads never reach the cache, every drafter in every pipeline mode gives
-target-only's greedy tokens, and the backend measures its verdict once and keeps it."""
+target-only's greedy tokens, a model draft's one shape keeps a seeded sampled run the same in every mode, and the
+backend measures its verdict once and keeps it."""
 
 from __future__ import annotations
 
@@ -111,8 +112,25 @@ def test_the_backend_declares_what_the_check_found_and_auto_speculates():
     assert engine.target.exact_batches and engine.drafter is not None
     engine.close()
     draft = load_lm("smollm2-135m", "llamacpp-static", role="draft").lm
-    assert draft.fixed_rows is None and draft.backend == "llamacpp:cpu" and not draft.exact  # the target's kernels
-    draft.close()
+    assert draft.fixed_rows == 16 and draft.backend == "llamacpp-static:cpu" and not draft.exact  # the target's
+    draft.close()                                                                     # kernels, and its shape
+
+
+def test_a_seeded_sampled_run_is_the_same_in_every_mode_and_after_other_requests():
+    """A model draft on the backend runs its one shape too, so its probabilities do not depend on which tokens its
+    cache took in which pass (a cached prefix, a mode's catch-up): on a fresh engine and again after other runs, a
+    seeded sampled run is the same in every pipeline mode. (Drafts of any shape parted here: the fresh run's
+    tokens from the later runs' at the 26th.)"""
+    from mirrorsd.apps.bench.prompt_suite import bundled_suite
+
+    request = bundled_suite(1)[0].request  # HumanEval/0
+    engine = Engine.load("smollm2-135m", backend="llamacpp-static", draft="smollm2-135m", draft_device="cpu")
+    assert engine.drafter.lm.fixed_rows == 16
+    runs = [engine.generate(request, GenerationConfig(max_new_tokens=64, temperature=0.8, seed=1, pipeline=mode))
+            for _ in range(2) for mode in ("off", "overlap", "branches")]
+    engine.close()
+    assert all(r.stats.drafted_tokens > 0 for r in runs)
+    assert len({tuple(r.token_ids) for r in runs}) == 1, [r.token_ids for r in runs]
 
 
 def test_a_verdict_is_measured_once_and_kept(tmp_path, monkeypatch):
