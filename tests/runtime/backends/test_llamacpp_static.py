@@ -112,8 +112,9 @@ def test_the_backend_declares_what_the_check_found_and_auto_speculates():
     assert engine.target.exact_batches and engine.drafter is not None
     engine.close()
     draft = load_lm("smollm2-135m", "llamacpp-static", role="draft").lm
-    assert draft.fixed_rows == 16 and draft.backend == "llamacpp-static:cpu" and not draft.exact  # the target's
-    draft.close()                                                                     # kernels, and its shape
+    # the target's kernels, and its shape
+    assert draft.fixed_rows == 16 and draft.backend == "llamacpp-static:cpu" and not draft.exact
+    draft.close()
 
 
 def test_a_seeded_sampled_run_is_the_same_in_every_mode_and_after_other_requests():
