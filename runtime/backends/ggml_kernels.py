@@ -34,6 +34,8 @@ def _library() -> ctypes.CDLL | None:
         return None
     cdll.ggml_cpu_set_batch_invariant.argtypes = [ctypes.c_bool]
     cdll.ggml_cpu_get_batch_invariant.restype = ctypes.c_bool
+    if hasattr(cdll, "ggml_cpu_get_row_pairs"):  # not in builds of an older patch
+        cdll.ggml_cpu_get_row_pairs.restype = ctypes.c_bool
     return cdll
 
 
@@ -64,6 +66,14 @@ def batch_invariant() -> bool | None:
     """Whether the mode is on now; None without the patched build."""
     lib = _library()
     return None if lib is None else bool(lib.ggml_cpu_get_batch_invariant())
+
+
+def row_pairs() -> bool | None:
+    """With AVX-512, whether the multi-row kernels put two rows in each 512-bit register (True) or run the AVX2
+    ones (False: the default on AMD Zen 4; GGML_CPU_ROW_PAIRS overrides); False without AVX-512, None without
+    a build of the patch that has the choice. The same bits either way (docs/exactness.md)."""
+    lib = _library()
+    return None if lib is None or not hasattr(lib, "ggml_cpu_get_row_pairs") else bool(lib.ggml_cpu_get_row_pairs())
 
 
 @contextlib.contextmanager

@@ -2,7 +2,8 @@
 CPUs most x86 laptops have), built by scripts/build_llama_variant.sh (scripts/test.sh builds it and names its folder
 in MIRRORSD_LLAMA_AVX2), runs test_invariance.py in a child process that loads it (LLAMA_CPP_LIB_PATH): every weight
 type, repacked and not, exact on those kernels too, on any x86-64 machine with AVX2; and the kernel-level check
-(scripts/kernel_invariance.cpp) against the same build."""
+(scripts/kernel_invariance.cpp) against the same build. On an AVX-512 build, the same tests with the multi-row
+kernels' other form than this CPU's default (two rows a 512-bit register, or the AVX2 kernels: GGML_CPU_ROW_PAIRS)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,28 @@ def test_the_avx2_kernels_cost_per_row_against_the_cores_multiplier():
     rows = [line.split() for line in run.stdout.splitlines() if line.startswith(("q4_K", "q6_K"))]
     assert [(r[0], int(r[1])) for r in rows] == [(t, n) for t in ("q4_K", "q6_K") for n in (1, 2, 4, 8, 16)], run.stdout
     assert all(float(r[2]) > 0 for r in rows), run.stdout
+
+
+PROBE = ("import llama_cpp; from mirrorsd.runtime.backends import ggml_kernels; "
+         "print(llama_cpp.llama_print_system_info().decode()); print('row pairs:', ggml_kernels.row_pairs())")
+
+
+def probe(env: dict[str, str]) -> str:
+    return subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True,
+                          timeout=120).stdout
+
+
+def test_the_invariance_tests_pass_with_the_other_form_of_the_avx512_kernels():
+    # the suite's own run of test_invariance.py covers this CPU's default form; a child process the other one
+    info = probe(dict(os.environ))
+    if "AVX512 = 1" not in info:
+        pytest.skip("this llama.cpp build has no AVX-512 kernels (the AVX2 variant's test covers the AVX2 ones)")
+    default = "row pairs: True" in info
+    assert default or "row pairs: False" in info, info
+    env = {**os.environ, "GGML_CPU_ROW_PAIRS": "0" if default else "1"}
+    assert f"row pairs: {not default}" in probe(env)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                          str(HERE / "test_invariance.py")], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
