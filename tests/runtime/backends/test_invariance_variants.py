@@ -26,14 +26,19 @@ def avx2_build() -> str:
     return lib
 
 
+def run_invariance_tests(env: dict[str, str]) -> subprocess.CompletedProcess:
+    # test_invariance.py in a child process: the kernels it loads are chosen at start (library path, environment)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                           str(HERE / "test_invariance.py")], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+
+
 def test_the_invariance_tests_pass_on_an_avx2_build():
     env = {**os.environ, "LLAMA_CPP_LIB_PATH": avx2_build()}
     info = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"],
                           env=env, capture_output=True, text=True, check=True, timeout=120).stdout
     assert "AVX2 = 1" in info and "AVX512" not in info, info  # the variant it says it is
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                          str(HERE / "test_invariance.py")], env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=900)
+    run = run_invariance_tests(env)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
 
@@ -89,8 +94,6 @@ def test_the_invariance_tests_pass_with_the_other_form_of_the_avx512_kernels():
     assert default or "row pairs: False" in info, info
     env = {**os.environ, "GGML_CPU_ROW_PAIRS": "0" if default else "1"}
     assert f"row pairs: {not default}" in probe(env)
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                          str(HERE / "test_invariance.py")], env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=900)
+    run = run_invariance_tests(env)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
