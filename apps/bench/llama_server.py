@@ -62,15 +62,24 @@ class LlamaServerRunner(ServedProcess):
             raise
 
     def __call__(self, ids: list[int], cfg: GenerationConfig) -> Output:
-        body = {"prompt": list(ids), "n_predict": cfg.max_new_tokens, "temperature": cfg.temperature,
-                "top_p": cfg.top_p, "stream": True, "return_tokens": True, "cache_prompt": False}
-        if cfg.seed is not None:
-            body["seed"] = cfg.seed
-        if cfg.json_schema is not None:  # llama-server's own grammar engine
-            body["json_schema"] = json.loads(cfg.json_schema) if isinstance(cfg.json_schema, str) else cfg.json_schema
+        body = completion_body(ids, cfg)
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})
         return streamed_tokens(request, "llama-server", lambda event: event.get("tokens"))
+
+
+def completion_body(ids: list[int], cfg: GenerationConfig) -> dict:
+    """The /completion request for `cfg`. top-k and min-p are sent even where off (0): llama-server's defaults
+    (top-k 40, min-p 0.05) would otherwise sample from a narrower distribution than ours; its penalties are off
+    by default, as the bench's are."""
+    body = {"prompt": list(ids), "n_predict": cfg.max_new_tokens, "temperature": cfg.temperature,
+            "top_k": cfg.top_k, "top_p": cfg.top_p, "min_p": cfg.min_p,
+            "stream": True, "return_tokens": True, "cache_prompt": False}
+    if cfg.seed is not None:
+        body["seed"] = cfg.seed
+    if cfg.json_schema is not None:  # llama-server's own grammar engine
+        body["json_schema"] = json.loads(cfg.json_schema) if isinstance(cfg.json_schema, str) else cfg.json_schema
+    return body
 
 
 def _llama_server(spec_type: str | None):

@@ -12,7 +12,8 @@ from conftest import make_model
 from mirrorsd import Engine
 from mirrorsd.apps.bench.runner import QUICK, BenchOptions, _choose, run_bench
 from mirrorsd.apps.bench.configs import CONFIGS, CPP_TARGET_ONLY, TARGET_ONLY
-from mirrorsd.apps.bench.llama_server import SERVER_TARGET_ONLY, llama_server
+from mirrorsd.apps.bench.llama_server import SERVER_TARGET_ONLY, LlamaServerRunner, completion_body, llama_server
+from mirrorsd.config import GenerationConfig
 
 SERVER_ROWS = {c.name for c in CONFIGS if c.group == "llama-server"}
 
@@ -29,6 +30,30 @@ def test_llama_server_rows_run_only_with_their_peer_group_and_say_what_they_need
     report = run_bench(opts, engine=engine, datastore=None, configs=rows)
     skipped = {s["configuration"]: s["reason"] for s in report["skipped"]}
     assert set(skipped) == SERVER_ROWS and "build_llama_variant.sh server" in skipped[SERVER_TARGET_ONLY]
+
+
+def test_a_sampled_request_turns_off_the_samplers_llama_server_would_add_by_default():
+    body = completion_body([1, 2, 3], GenerationConfig(max_new_tokens=5, temperature=0.7, top_p=0.9, seed=3))
+    assert (body["top_k"], body["min_p"], body["top_p"], body["temperature"], body["seed"]) == (0, 0.0, 0.9, 0.7, 3)
+    assert completion_body([1], GenerationConfig(top_k=5, min_p=0.1, temperature=1.0))["top_k"] == 5
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(llama_server() is None, reason="no llama-server: scripts/build_llama_variant.sh server builds it")
+def test_llama_server_samples_with_our_settings_top_k_1_is_its_greedy_output():
+    pytest.importorskip("llama_cpp")
+    from mirrorsd.models import resolve_gguf
+
+    runner = LlamaServerRunner(llama_server(), str(resolve_gguf("smollm2-135m", True)[0]), 2, None)
+    runner.open()
+    try:
+        ids = list(range(1000, 1040))
+        greedy = runner(ids, GenerationConfig(max_new_tokens=24)).tokens
+        top1 = [runner(ids, GenerationConfig(max_new_tokens=24, temperature=1.5, top_k=1, seed=s)).tokens
+                for s in (1, 2)]
+    finally:
+        runner.close()
+    assert len(greedy) == 24 and top1 == [greedy, greedy]
 
 
 @pytest.mark.integration
