@@ -58,6 +58,10 @@ class ServedRunner(Protocol):
 
     def open(self) -> None: ...
 
+    def fresh(self) -> None:
+        """Before each measured request, outside its timing: drop whatever the server kept from the requests
+        before (a repeat must not draft the previous repeat's answer)."""
+
     def close(self) -> None: ...
 
 

@@ -4,7 +4,8 @@ llama.cpp's own server, built from the same llama.cpp that llama-cpp-python vend
 server`; MIRRORSD_LLAMA_SERVER names another binary), with its stock kernels, on loopback, serving the same GGUF file
 with as many threads as our llama.cpp backend: target-only, and its two n-gram speculation kinds (ngram-mod and
 ngram-map-k), each compared with our llama.cpp row of the same kind. Requests send our prompt token ids to
-/completion and stream the reply's token ids back. Each row's greedy output is checked against llama-server's own
+/completion and stream the reply's token ids back; a speculating row serves each request from a fresh server, as
+its n-gram tables outlive a request (ours hold only the request's own context). Each row's greedy output is checked against llama-server's own
 target-only row. A server starts in seconds, but it is a process of its own: each row runs as a block after the
 interleaved rows.
 """
@@ -24,6 +25,7 @@ from mirrorsd.config import GenerationConfig
 
 SERVER_TARGET_ONLY = "target only (llama-server)"
 CONTEXT = 4096
+WARM_UP_TOKENS = 4  # shorter than either n-gram kind's key (ngram-mod 24 tokens, ngram-map-k 12)
 NEEDS = "llama-server (scripts/build_llama_variant.sh server builds it; or MIRRORSD_LLAMA_SERVER), a GGUF target " \
         "and --peers llama-server"
 
@@ -60,6 +62,16 @@ class LlamaServerRunner(ServedProcess):
         except BaseException:
             self.close()
             raise
+
+    def fresh(self) -> None:
+        """Speculating, a new server: its n-gram kinds keep their tables across requests (ngram-mod's is shared by
+        every request the server serves), so a repeated prompt would draft the previous repeat's whole answer.
+        A warm-up request follows, too short to leave an n-gram behind."""
+        if self.spec_type is None:
+            return  # target-only keeps nothing between requests (cache_prompt is off)
+        self.close()
+        self.open()
+        self(list(range(WARM_UP_TOKENS)), GenerationConfig(max_new_tokens=WARM_UP_TOKENS))
 
     def __call__(self, ids: list[int], cfg: GenerationConfig) -> Output:
         body = completion_body(ids, cfg)

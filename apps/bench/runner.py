@@ -294,6 +294,7 @@ def _run_block(prompts, encoded, c: BenchConfig, runner, cells, opts, console) -
         cfg = _gen_config(p, opts)
         for r in range(opts.repeats):
             console.print(f"{p.label} · {c.name} · repeat {r + 1}", markup=False, highlight=False)
+            runner.fresh()
             _judge_greedy(c, p, i, _run_once(cells[c.name][i], runner, ids, cfg), cells)
 
 

@@ -48,6 +48,9 @@ class ServedProcess:
     folder: Path | None = None
     port = 0
 
+    def fresh(self) -> None:
+        pass  # nothing kept between requests that drafting could use
+
     def close(self) -> None:
         if self.server is not None:
             stop_server(self.server)

@@ -426,6 +426,9 @@ class Served:
     def open(self):
         self.log.append("open")
 
+    def fresh(self):
+        self.log.append("fresh")
+
     def close(self):
         self.log.append("close")
 
@@ -438,8 +441,9 @@ class Served:
 
 
 def test_separate_rows_run_as_blocks_after_the_interleaved_ones_and_are_judged(tmp_path, tokenizer):
-    """A row with a server of its own opens it once, runs every prompt and repeat, closes it, and is checked against
-    its greedy reference; one whose server does not start is skipped with why, and the report still comes."""
+    """A row with a server of its own opens it once, runs every prompt and repeat (each after `fresh`, outside its
+    timing), closes it, and is checked against its greedy reference; one whose server does not start is skipped
+    with why, and the report still comes."""
     logs: dict[str, list[str]] = {"served": [], "altering": []}
 
     def failing(ctx):
@@ -458,8 +462,8 @@ def test_separate_rows_run_as_blocks_after_the_interleaved_ones_and_are_judged(t
                            "repeats": 2}, out=str(tmp_path))
     engine = Engine(make_model(tokenizer, seed=0, sharpness=30.0, context=4096), tokenizer, name="tiny-llama")
     report = run_bench(opts, engine=engine, datastore=None, configs=rows)
-    runs = 1 + len(report["prompts"]) * 2  # the warm-up, then every prompt twice
-    assert logs["served"] == ["open"] + ["run"] * runs + ["close"] and logs["altering"][-1] == "close"
+    runs = len(report["prompts"]) * 2  # after the warm-up, every prompt twice
+    assert logs["served"] == ["open", "run"] + ["fresh", "run"] * runs + ["close"] and logs["altering"][-1] == "close"
     by_name = {r["configuration"]: r for r in report["rows"]}
     assert by_name["served (peer)"]["greedy_equal_to_target_only"] is True
     assert by_name["altering served (peer)"]["greedy_equal_to_target_only"] is False

@@ -58,6 +58,25 @@ def test_llama_server_samples_with_our_settings_top_k_1_is_its_greedy_output():
 
 @pytest.mark.integration
 @pytest.mark.skipif(llama_server() is None, reason="no llama-server: scripts/build_llama_variant.sh server builds it")
+def test_a_speculating_server_starts_afresh_for_each_measured_request_so_no_repeat_drafts_the_last_answer():
+    pytest.importorskip("llama_cpp")
+    from mirrorsd.models import resolve_gguf
+
+    gguf = str(resolve_gguf("smollm2-135m", True)[0])
+    for spec_type, restarts in ((None, False), ("ngram-mod", True)):
+        runner = LlamaServerRunner(llama_server(), gguf, 2, spec_type)
+        runner.open()
+        try:
+            before = runner.server.pid
+            runner.fresh()
+            assert (runner.server.pid != before) is restarts
+            assert len(runner(list(range(1000, 1040)), GenerationConfig(max_new_tokens=8)).tokens) == 8
+        finally:
+            runner.close()
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(llama_server() is None, reason="no llama-server: scripts/build_llama_variant.sh server builds it")
 def test_bench_runs_llama_server_rows_beside_ours_each_greedy_equal_to_its_own_plain_run(tmp_path):
     pytest.importorskip("llama_cpp")
     prompts = tmp_path / "prompts.jsonl"
