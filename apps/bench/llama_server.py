@@ -5,9 +5,9 @@ server`; MIRRORSD_LLAMA_SERVER names another binary), with its stock kernels, on
 with as many threads as our llama.cpp backend: target-only, and its two n-gram speculation kinds (ngram-mod and
 ngram-map-k), each compared with our llama.cpp row of the same kind. Requests send our prompt token ids to
 /completion and stream the reply's token ids back; a speculating row serves each request from a fresh server, as
-its n-gram tables outlive a request (ours hold only the request's own context). Each row's greedy output is checked against llama-server's own
-target-only row. A server starts in seconds, but it is a process of its own: each row runs as a block after the
-interleaved rows.
+its n-gram tables outlive a request (ours hold only the request's own context). Each row's greedy output is
+checked against llama-server's own target-only row. A server starts in seconds, but it is a process of its own:
+each row runs as a block after the interleaved rows.
 """
 
 from __future__ import annotations
