@@ -256,9 +256,10 @@ class GenerationConfig:
 
     @property
     def reproducible(self) -> bool:
-        """Seeded sampling: the seed's random stream must give the same tokens on any machine, so nothing that
-        consumes it (which drafter serves a step, the draft length, the gate) may depend on timing. Greedy and
-        unseeded runs may adapt to measured speed freely (output is unchanged either way)."""
+        """Seeded sampling: the seed's random stream must give the same tokens on any machine, so where a model's
+        drafts spend it by draft, nothing that consumes it (which drafter serves a step, the draft length, the
+        gate) may depend on timing (policy/schedule.py `timing_free`). Greedy and unseeded runs, and seeded runs
+        with a model-free drafter, may adapt to measured speed freely (output is unchanged either way)."""
         return not self.greedy and self.seed is not None
 
     @property

@@ -304,7 +304,7 @@ class Engine:
         cfg = config or GenerationConfig()
         with self._lock, pinned(self.cores.verify_core, self.target.threads):  # as the requests will run
             self._plan(cfg, self._calibration)
-            if self.drafter is not None and uses_cost_schedule(cfg):
+            if self.drafter is not None and uses_cost_schedule(cfg, self.drafter.model is not None):
                 self.calibrated.verify_curve(self.target, self.cores, cfg.max_draft_tokens)
 
     def calibration(self, k: int) -> Costs:
@@ -335,7 +335,8 @@ class Engine:
             reply = _Reply(self.tokenizer, cfg, self.eos_ids)
             budget = min(cfg.max_new_tokens, self.target.max_context - len(ids))
             state = DecodeState(self.target, ids, cfg, budget, timeline, overlapped=plan.mode != "off",
-                                constraint=constraint)
+                                constraint=constraint, model_drafts=self.drafter is not None
+                                and self.drafter.model is not None)
             steps = run_plan(state, self.drafter, self.helper, plan)
             try:
                 for index, step in enumerate(steps):

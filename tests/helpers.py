@@ -102,5 +102,6 @@ def decode_steps(target, drafter, prompt_ids, config, max_new_tokens: int, mode:
     from mirrorsd.runtime.decode.verify import DecodeState
 
     plan = make_plan(target, drafter, config, mode)
-    state = DecodeState(target, prompt_ids, config, max_new_tokens, overlapped=plan.mode != "off")
+    state = DecodeState(target, prompt_ids, config, max_new_tokens, overlapped=plan.mode != "off",
+                        model_drafts=drafter is not None and drafter.model is not None)
     return run_plan(state, drafter, None, plan)

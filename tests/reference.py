@@ -45,11 +45,15 @@ def verify_reference(tokens, q, logits, history, rng, temperature, top_k=0, top_
         while n < k and tokens[n] == int(np.argmax(rows[n])):
             n += 1
         return n, list(tokens[:n]) + [int(np.argmax(rows[n]))]
+    if q is None:  # one-hot drafts: target-only's draws, accepted while they equal the draft
+        for i, x in enumerate(tokens):
+            drawn = draw(rows[i], rng.random())
+            if drawn != x:
+                return i, list(tokens[:i]) + [drawn]
+        return k, list(tokens) + [draw(rows[k], rng.random())]
     for i, x in enumerate(tokens):
         p = rows[i]
-        qi = np.zeros_like(p) if q is None else q[i]
-        if q is None:
-            qi[x] = 1.0
+        qi = q[i]
         if qi[x] > 0 and rng.random() < min(1.0, p[x] / qi[x]):
             continue
         residual = p if skip_residual else np.maximum(p - qi, 0)

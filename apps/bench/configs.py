@@ -192,6 +192,8 @@ class BenchConfig:
     group: str | None = None  # a peer group that runs only when asked for (`bench --peers GROUP`)
     separate: bool = False  # its runner is a ServedRunner (a server of its own): measured as a block, alone,
     # after the interleaved rows
+    seeded_equal: bool = False  # its seeded sampled replies must equal its reference's too: target-only itself,
+    # and our model-free rows (one-hot drafts are checked against target-only's own draws)
 
     @property
     def greedy_reference(self) -> str | None:
@@ -311,16 +313,17 @@ def _with_store(make):
 _STORE, _DRAFT = "a retrieval datastore", "a draft model (--draft-model)"
 _EXPORT = "an exported draft (--draft-export DIR, made by `mirrorsd export`)"
 
-register(BenchConfig(TARGET_ONLY, lambda ctx: ours(ctx, None)))
+register(BenchConfig(TARGET_ONLY, lambda ctx: ours(ctx, None), seeded_equal=True))
 register(BenchConfig("transformers generate", lambda ctx: transformers_generate(ctx), peer_of=TARGET_ONLY))
-register(BenchConfig("n-gram (ours)", lambda ctx: ours(ctx, NGramDrafter())))
+register(BenchConfig("n-gram (ours)", lambda ctx: ours(ctx, NGramDrafter()), seeded_equal=True))
 register(BenchConfig("prompt lookup (transformers)", lambda ctx: transformers_generate(ctx, prompt_lookup_num_tokens=10),
                      peer_of="n-gram (ours)"))
 register(BenchConfig("retrieval (ours)",
-                     _with_store(lambda ctx: ours(ctx, RetrievalDrafter(ctx.datastore))), needs=_STORE))
+                     _with_store(lambda ctx: ours(ctx, RetrievalDrafter(ctx.datastore))), needs=_STORE,
+                     seeded_equal=True))
 register(BenchConfig("chain n-gram + retrieval (ours)",
                      _with_store(lambda ctx: ours(ctx, ChainDrafter(NGramDrafter(), RetrievalDrafter(ctx.datastore)))),
-                     needs=_STORE))
+                     needs=_STORE, seeded_equal=True))
 def _row(what: str, mode: str) -> str:
     """A draft row's name: the pipeline mode after the draft, none when the pipeline is off."""
     return f"{what} (ours)" if mode == "off" else f"{what}, {mode} (ours)"
@@ -413,10 +416,11 @@ def _on(engine_of: Callable[[BenchContext], Engine | None], make):
 def _model_free_rows(backend: str, engine_of, row: dict) -> None:
     """Our n-gram and chain rows on one backend's target."""
     register(BenchConfig(f"n-gram, {backend} (ours)", _on(engine_of, lambda ctx, e: ours(ctx, NGramDrafter(), engine=e)),
-                         **row))
+                         seeded_equal=True, **row))
     register(BenchConfig(f"chain n-gram + retrieval, {backend} (ours)",
                          _on(engine_of, _with_store(lambda ctx, e: ours(
-                             ctx, ChainDrafter(NGramDrafter(), RetrievalDrafter(ctx.datastore)), engine=e))), **row))
+                             ctx, ChainDrafter(NGramDrafter(), RetrievalDrafter(ctx.datastore)), engine=e))),
+                         seeded_equal=True, **row))
 
 
 def _cpp(ctx: BenchContext) -> Engine | None:
@@ -427,7 +431,8 @@ _CPP = "llama-cpp-python (pip install 'mirrorsd[llamacpp]') and a GGUF target (e
 _CPP_DRAFT = "llama-cpp-python and a GGUF draft model (--draft-model, a catalog name or .gguf)"
 _CPP_ROW = dict(reference=CPP_TARGET_ONLY, needs=_CPP, memory=("target (llama.cpp)",))
 
-register(BenchConfig(CPP_TARGET_ONLY, _on(_cpp, lambda ctx, e: ours(ctx, None, engine=e)), **_CPP_ROW))
+register(BenchConfig(CPP_TARGET_ONLY, _on(_cpp, lambda ctx, e: ours(ctx, None, engine=e)), seeded_equal=True,
+                     **_CPP_ROW))
 # llama-cpp-python runs llama.cpp's stock batched kernels, whose prompt prefill differs from one-token decoding:
 # its rows are checked against its own plain generation, not against ours.
 _PEER = "llama-cpp-python generate"
@@ -456,7 +461,8 @@ ONNX_TARGET_ONLY = "target only, ONNX Runtime (ours)"
 _ONNX = "a target export (--target-export DIR, made by `mirrorsd export --role target`)"
 _ONNX_ROW = dict(reference=ONNX_TARGET_ONLY, needs=_ONNX, memory=("target (onnx)",))
 
-register(BenchConfig(ONNX_TARGET_ONLY, _on(_onnx, lambda ctx, e: ours(ctx, None, engine=e)), **_ONNX_ROW))
+register(BenchConfig(ONNX_TARGET_ONLY, _on(_onnx, lambda ctx, e: ours(ctx, None, engine=e)), seeded_equal=True,
+                     **_ONNX_ROW))
 _model_free_rows("ONNX Runtime", _onnx, _ONNX_ROW)
 register(BenchConfig("exported draft, ONNX Runtime (ours)",
                      _on(_onnx, lambda ctx, e: None if ctx.draft_export is None else ours(ctx, ctx.export_drafter, engine=e)),

@@ -47,7 +47,7 @@ class Cell:
     tokens: list[int] = field(default_factory=list)  # tokens generated, one per repeat (sampled runs differ)
     decode_seconds: list[float] = field(default_factory=list)  # from the first token to the last, one per repeat
     first: Output | None = None  # the first repeat's output (tokens, stats, timings)
-    equal: bool | None = None  # greedy prompts: all repeats token-equal to the reference
+    equal: bool | None = None  # judged prompts: all repeats token-equal to the reference
     cached_prompt_tokens: int = 0  # prompt tokens our runs found in a KV cache (0: every run prefilled cold)
 
 
@@ -220,15 +220,22 @@ def _timings(cells, prompts) -> dict:
         for name, row in cells.items()}}
 
 
+SAMPLED_SEED = 0
+"""Every sampled prompt runs with this seed: the rows that spend it as target-only decoding does give one reply
+(`BenchConfig.seeded_equal`), checked token for token and timed on the same tokens."""
+
+
 def _gen_config(p: BenchPrompt, opts: BenchOptions) -> GenerationConfig:
     return GenerationConfig(max_new_tokens=opts.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
-                            num_draft_tokens=opts.k, json_schema=p.json_schema)
+                            num_draft_tokens=opts.k, json_schema=p.json_schema,
+                            seed=None if p.greedy else SAMPLED_SEED)
 
 
 def _judge_greedy(c: BenchConfig, p: BenchPrompt, i: int, out: Output, cells: dict) -> None:
-    """Judge one run of row c on prompt i against its greedy reference's first run, where one is to be judged."""
+    """Judge one run of row c on prompt i against its greedy reference's first run, where one is to be judged
+    (a seeded sampled prompt: on the rows whose seeded replies must equal their reference's)."""
     against = c.greedy_reference
-    if (p.greedy and not (c.own_grammar and p.json_schema is not None) and against in cells
+    if ((p.greedy or c.seeded_equal) and not (c.own_grammar and p.json_schema is not None) and against in cells
             and cells[against][i].first is not None):
         _judge(cells[c.name][i], out.tokens, cells[against][i].first.tokens)
 
@@ -473,7 +480,8 @@ def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -
         "models": _models(ctx, opts),
         "versions": versions(),
         "prompts": [{"label": p.label, "category": p.category, "temperature": p.temperature,
-                     "prompt_tokens": len(ids), "greedy_checked": p.greedy} for p, ids in zip(prompts, encoded)],
+                     "prompt_tokens": len(ids), "greedy_checked": p.greedy,
+                     "seed": None if p.greedy else SAMPLED_SEED} for p, ids in zip(prompts, encoded)],
         "categories": categories,
         "rows": rows,
         "ours_vs_peers": peers,
@@ -637,8 +645,10 @@ def markdown(report: dict) -> str:
               "Speedup columns are tok/s over target-only decoding on the same backend (ours, the row's "
               "reference) on the same prompts; per category: "
               + ", ".join(f"{c} ({sum(p['category'] == c for p in report['prompts'])})" for c in cats)
-              + ". Sampled prompts (temperature > 0) are timed, not token-compared; so are json-schema prompts on "
-              "llama-cpp-python's and llama-server's rows (llama.cpp's own grammar engine lays JSON out its own way). "
+              + ". Sampled prompts (temperature > 0) run with one seed: token-compared on target-only and our "
+              "model-free rows (a one-hot draft is checked against target-only's own draw), timed on the others; "
+              "json-schema prompts are timed, not token-compared, on llama-cpp-python's and llama-server's rows "
+              "(llama.cpp's own grammar engine lays JSON out its own way). "
               "Greedy equal: token-equal to the same backend's target-only decoding (equal or FAILED: no allowance; "
               "llama-cpp-python's rows, on llama.cpp's stock kernels, to its own generate; vLLM's and llama-server's "
               "rows to their own target-only row); model MB: resident memory the row's models added when loaded (-: served by "

@@ -29,11 +29,9 @@ def make_plan(target: CausalLM, drafter: Drafter | None, config: GenerationConfi
               cores: CoreLayout = CoreLayout()) -> DecodePlan:
     """The plan for a resolved mode ("off", "overlap" or "branches"). "branches" without candidates
     (neither a ranking draft nor an early exit on the target) runs as "overlap"; an early_exit_layer outside
-    the target is a ConfigError. A model-free drafter in a seeded request runs "off": the pipeline would hide
-    microseconds, and its lookahead verifies drafts of other lengths than the loop does, which would change
-    the random numbers a seeded run draws (a seed must give one output in every mode)."""
+    the target is a ConfigError."""
     draft_core = cores.draft_core
-    if mode == "off" or drafter is None or (drafter.model is None and config.seed is not None):
+    if mode == "off" or drafter is None:
         return DecodePlan(draft_core=draft_core)
     source = branch_source(target, drafter, config) if mode == "branches" else None
     exit_layer = 0

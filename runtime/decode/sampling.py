@@ -76,18 +76,23 @@ def top_p_keep(logits: torch.Tensor, top_p: float, first: int = 256) -> torch.Te
     its float32 rounding at the boundary): a token stays while the mass ranked above it is below top_p (so
     the top token always stays). Found among the
     `first` likeliest tokens, widened until they hold top_p of the mass: sorting all 150k logits of a
-    large vocabulary costs ~12 ms per row on a CPU, a partial top-k well under one (docs/measurements.md)."""
+    large vocabulary costs ~12 ms per row on a CPU, a partial top-k well under one (docs/measurements.md). Row by
+    row: a verify pass's row gets the nucleus a plain step's one row gets, whatever the rows beside it need."""
     probs = logits.softmax(dim=-1)
-    vocab, k = probs.shape[-1], min(first, probs.shape[-1])
-    while True:
-        top, idx = probs.topk(k, dim=-1)  # [n, k], descending
-        if k == vocab or bool((top.sum(dim=-1) >= top_p).all()):
-            break  # every token past the k-th has at least top_p of the mass above it
-        k = min(vocab, k * 8)
-    top = top.double()  # the mass above each token, summed without float32's drift over 150k terms
-    keep_sorted = (top.cumsum(dim=-1) - top) < top_p
-    keep_sorted[..., 0] = True
-    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, idx, keep_sorted)
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    vocab = probs.shape[-1]
+    for i in range(probs.shape[0]):
+        k = min(first, vocab)
+        while True:
+            top, idx = probs[i].topk(k)  # [k], descending
+            if k == vocab or float(top.sum()) >= top_p:
+                break  # every token past the k-th has at least top_p of the mass above it
+            k = min(vocab, k * 8)
+        top = top.double()  # the mass above each token, summed without float32's drift over 150k terms
+        keep_sorted = (top.cumsum(dim=-1) - top) < top_p
+        keep_sorted[0] = True
+        keep[i, idx] = keep_sorted
+    return keep
 
 
 def next_token_scores(

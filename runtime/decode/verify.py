@@ -10,15 +10,22 @@ Greedy (temperature 0): accept draft tokens while they equal the target's argmax
 mismatch is replaced by the target's argmax (the *correction*); if all K match, the target's
 argmax after them is the *bonus* token. The committed text is exactly greedy target decoding.
 
-Sampling: Leviathan et al. 2023 / Chen et al. 2023 speculative sampling. Draft token x_i (drawn
-from q_i) is accepted with probability min(1, p_i(x_i) / q_i(x_i)); on the first rejection the
+Sampling, a model's draft: Leviathan et al. 2023 / Chen et al. 2023 speculative sampling. Draft token x_i
+(drawn from q_i) is accepted with probability min(1, p_i(x_i) / q_i(x_i)); on the first rejection the
 correction is drawn from the residual norm(max(0, p_i - q_i)); if all K are accepted the bonus is
 drawn from p_K. Every committed token is then distributed exactly as target-only sampling.
 
+Sampling, a one-hot draft (q = None: n-gram, retrieval, greedy drafting): each position draws its token from
+p_i exactly as a plain step would (one uniform, inverse CDF), and the draft token is accepted while it equals
+the draw; the first draw that differs is the correction, and after K equal ones the next draw is the bonus.
+That is the rule above for a one-hot q (accepted with probability p_i(x_i); a rejection draws from p_i without
+x_i), and it spends one uniform per committed token, as target-only decoding does: with a seed, a run gives
+target-only's tokens whatever is drafted, whenever, at any length.
+
 p is the target's distribution after the same penalty/temperature/top-k/top-p processing the
-target-only path uses (mirrorsd.runtime.decode.sampling). q = None means one-hot drafts (n-gram, retrieval).
-Random numbers come from a numpy Generator in a fixed order (one uniform per accept test, one per
-draw) so a seed reproduces a run on any device.
+target-only path uses (mirrorsd.runtime.decode.sampling). Random numbers come from a numpy Generator in a
+fixed order (a model's draft: one uniform per accept test, one per draw; a one-hot draft: one per draw) so a
+seed reproduces a run on any device.
 """
 
 from __future__ import annotations
@@ -66,23 +73,24 @@ def verify(
         return n, list(draft.tokens[:n]) + [target_ids[n]]
 
     p = scores.double().cpu().numpy()  # [k+1, V]
+    if draft.probs is None:  # one-hot: draw as target-only decoding does, accept while the draft agrees
+        for i, x in enumerate(draft.tokens):
+            drawn = sample_categorical(p[i], rng)
+            if drawn != x:
+                return i, list(draft.tokens[:i]) + [drawn]  # the correction
+        return k, list(draft.tokens) + [sample_categorical(p[k], rng)]  # the bonus token
     for i, x in enumerate(draft.tokens):
-        q_i = None if draft.probs is None else _fit_width(draft.probs[i], p.shape[-1])  # [V]; None: q = one-hot x
-        q_x = 1.0 if q_i is None else float(q_i[x])
+        q_i = _fit_width(draft.probs[i], p.shape[-1])  # [V]
+        q_x = float(q_i[x])
         if q_x > 0 and rng.random() < min(1.0, float(p[i, x]) / q_x):
             continue  # accepted
-        return i, list(draft.tokens[:i]) + [_recovered(p[i], q_i, x, rng)]
+        return i, list(draft.tokens[:i]) + [_recovered(p[i], q_i, rng)]
     return k, list(draft.tokens) + [sample_categorical(p[k], rng)]  # every token accepted: the bonus token
 
 
-def _recovered(p_i: np.ndarray, q_i: np.ndarray | None, x: int, rng: np.random.Generator) -> int:
-    """The token drawn where draft token x was rejected: from the residual norm(max(0, p - q)) (q one-hot at x when
-    the drafter gave no distribution)."""
-    if q_i is None:
-        residual = p_i.copy()
-        residual[x] = 0.0
-    else:
-        residual = np.maximum(p_i - q_i, 0.0)
+def _recovered(p_i: np.ndarray, q_i: np.ndarray, rng: np.random.Generator) -> int:
+    """The token drawn where a draft token was rejected: from the residual norm(max(0, p - q))."""
+    residual = np.maximum(p_i - q_i, 0.0)
     if residual.sum() <= 0.0:  # p == q (up to rounding): the residual is undefined; use p.
         residual = p_i
     return sample_categorical(residual, rng)
@@ -111,11 +119,12 @@ class Outcome:
 
 class DecodeState:
     """One request's decoding: its committed history, sampling stream, grammar and the estimators; every
-    provider's steps go through `verify` and `commit` here."""
+    provider's steps go through `verify` and `commit` here. model_drafts: the drafter runs a model, whose drafts
+    may carry a distribution q (StepPolicy)."""
 
     def __init__(self, target: CausalLM, prompt_ids: Sequence[int], config: GenerationConfig,
                  max_new_tokens: int, timeline: Timeline | None = None, overlapped: bool = False,
-                 constraint: GrammarConstraint | None = None) -> None:
+                 constraint: GrammarConstraint | None = None, model_drafts: bool = True) -> None:
         self.target, self.config, self.constraint = target, config, constraint
         self.timeline = timeline or Timeline()
         self.rng = np.random.default_rng(config.seed)
@@ -123,7 +132,7 @@ class DecodeState:
         self.prompt_len = len(self.committed)
         self.max_new_tokens, self.generated = max_new_tokens, 0
         self.policy = StepPolicy(config, overlapped, curve=verify_curve.known(target),
-                                 matches=match_classes.shared(target))
+                                 matches=match_classes.shared(target), model_drafts=model_drafts)
 
     @property
     def done(self) -> bool:

@@ -4,11 +4,9 @@
 moving average of how many of its draft tokens the target accepted when it served, and picks the
 non-empty draft with the highest expected accepted length (optimistic start, so each gets tried;
 ties go to the longer match, then to the earlier drafter: the request's own context before a corpus).
-The chosen drafter's name is the draft's source, so stats say which one served each step.
-
-A seeded request neither reads nor updates what was learned, picking by match alone: which draft a step
-verifies changes which random numbers it draws, and what was learned depends on earlier requests, so a
-seeded run would not repeat.
+The chosen drafter's name is the draft's source, so stats say which one served each step. (Which draft a
+step verifies changes no token, seeded sampling included: one-hot drafts are verified with target-only's own
+draws, runtime/decode/verify.py.)
 """
 
 from __future__ import annotations
@@ -35,10 +33,8 @@ class ChainDrafter:
         self.bounded = all(d.bounded for d in drafters)
         self.expected: dict[tuple[int, int], float] = {}  # (drafter index, match length bucket) -> accepted
         self._served: tuple[int, int] | None = None
-        self._learning = True  # False for a seeded request (module docstring)
 
     def start(self, config: GenerationConfig) -> None:
-        self._learning = config.seed is None
         for d in self.drafters:
             d.start(config)
 
@@ -49,14 +45,14 @@ class ChainDrafter:
             if not draft.tokens:
                 continue
             bucket = (i, min(draft.match, 8))
-            expected = self.expected.get(bucket, OPTIMISTIC) if self._learning else OPTIMISTIC
+            expected = self.expected.get(bucket, OPTIMISTIC)
             key = (min(expected, len(draft.tokens)), draft.match, -i)
             if best_key is None or key > best_key:
                 best, best_key, self._served = draft, key, bucket
         return best
 
     def accepted(self, committed: Sequence[int], n_accepted: int) -> None:
-        if self._served is not None and self._learning:  # learn only from steps this chain's draft served
+        if self._served is not None:  # learn only from steps this chain's draft served
             old = self.expected.get(self._served, OPTIMISTIC)
             self.expected[self._served] = DECAY * old + (1 - DECAY) * n_accepted
         self._served = None

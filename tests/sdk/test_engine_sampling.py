@@ -42,3 +42,17 @@ def test_same_seed_same_output_different_seed_different_output(target_model, oth
     b = engine.generate(PROMPT, cfg).token_ids
     c = engine.generate(PROMPT, GenerationConfig(temperature=1.0, max_new_tokens=30, seed=12)).token_ids
     assert a == b and a != c
+
+
+def test_a_seeded_run_with_n_gram_drafts_gives_target_only_tokens(target_model, tokenizer):
+    """One-hot drafts are verified with target-only's own draws: with a seed, drafting changes no token."""
+    prompt = "fox and dog, fox and dog, fox and dog, fox"  # repeats itself: the n-gram drafter proposes
+    plain, drafting = Engine(target_model, tokenizer), Engine(target_model, tokenizer, NGramDrafter())
+    plain.eos_ids = drafting.eos_ids = frozenset()
+    accepted = 0
+    for seed in range(6):
+        cfg = GenerationConfig(temperature=1.0, max_new_tokens=30, seed=seed, adaptive_k=False, num_draft_tokens=3)
+        drafted = drafting.generate(prompt, cfg)
+        assert drafted.token_ids == plain.generate(prompt, cfg).token_ids, seed
+        accepted += drafted.stats.accepted_tokens
+    assert accepted > 0

@@ -20,8 +20,9 @@ class SpeculationGate:
     (The loops do not record a request's first step: it carries the prompt prefill.) The K schedule's
     cost model may pause drafting sooner (`pause`), where it predicts a loss at every K.
 
-    Timing-based switching changes which random numbers a sampling run draws, so with a seed the gate
-    stays open: a seed must reproduce a run exactly. Output is lossless either way.
+    Where a model's drafts are verified, timing-based switching changes which random numbers a sampling run
+    draws, so with a seed the gate stays open there: a seed must reproduce a run exactly (schedule.timing_free).
+    Output is lossless either way.
     """
 
     def __init__(self, enabled: bool = True, decay: float = 0.7, min_backoff: int = 8, max_backoff: int = 64,

@@ -186,16 +186,24 @@ class _LinearFit:
         return max(mean_t - b * mean_k, 1e-9), b
 
 
-def uses_cost_schedule(config: GenerationConfig) -> bool:
+def timing_free(config: GenerationConfig, model_drafts: bool = True) -> bool:
+    """Whether timing must not steer any choice of a request: seeded sampling (its random stream must give the
+    same tokens on any machine) where drafts carry a model's distribution q, whose accept tests spend the stream
+    by draft (verify.py). One-hot drafts (a model-free drafter: model_drafts=False) spend it as target-only
+    decoding does, whatever is drafted."""
+    return config.reproducible and model_drafts
+
+
+def uses_cost_schedule(config: GenerationConfig, model_drafts: bool = True) -> bool:
     """Whether K follows measured costs. Not where K must not depend on timing: fixed K (adaptive_k off)
-    and seeded sampling, whose random stream must be reproducible."""
-    return config.adaptive_k and not config.reproducible
+    and timing_free requests."""
+    return config.adaptive_k and not timing_free(config, model_drafts)
 
 
-def make_schedule(config: GenerationConfig, overlapped: bool = False,
-                  curve: tuple[float, ...] | None = None) -> DraftLengthSchedule | CostAwareSchedule:
+def make_schedule(config: GenerationConfig, overlapped: bool = False, curve: tuple[float, ...] | None = None,
+                  model_drafts: bool = True) -> DraftLengthSchedule | CostAwareSchedule:
     """The cost-aware schedule (from the target's measured `curve` where known) where K may follow
     measured costs (uses_cost_schedule), else the deterministic heuristic."""
-    if not uses_cost_schedule(config):
+    if not uses_cost_schedule(config, model_drafts):
         return DraftLengthSchedule(config)
     return CostAwareSchedule(config, overlapped, curve=curve)

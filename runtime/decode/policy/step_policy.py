@@ -4,8 +4,8 @@ Per step it decides how many tokens to draft (the K schedule, schedule.py) and w
 speculation gate, gate.py, which the schedule's cost model may pause); how much of a model-free draft to verify,
 from the acceptance of its match class (`fit`); overlapped, whether the helper's
 draft serves instead of waiting for the worker's lookahead, and whether a step asks for
-early-exit branch candidates. Seeded sampling (`GenerationConfig.reproducible`) must not let timing steer
-any of these: read here, once. Output never depends on a choice made here, only speed.
+early-exit branch candidates. Seeded sampling with a model's drafts (`schedule.timing_free`) must not let timing
+steer any of these: read here, once. Output never depends on a choice made here, only speed.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from mirrorsd.config import GenerationConfig
 from mirrorsd.contracts import Draft
 from mirrorsd.runtime.decode.policy.gate import SpeculationGate
 from mirrorsd.runtime.decode.policy.match_classes import MatchClasses
-from mirrorsd.runtime.decode.policy.schedule import make_schedule
+from mirrorsd.runtime.decode.policy.schedule import make_schedule, timing_free
 from mirrorsd.runtime.decode.policy.speedup import expected_tokens_per_step
 
 MIN_MISS_FOR_BRANCHES = 0.5
@@ -29,9 +29,11 @@ pass each position; capped so that a run of accepted steps does not rule rejecti
 
 class StepPolicy:
     def __init__(self, config: GenerationConfig, overlapped: bool = False,
-                 curve: tuple[float, ...] | None = None, matches: MatchClasses | None = None) -> None:
-        self.timing_free = config.reproducible
-        self.schedule = make_schedule(config, overlapped, curve)
+                 curve: tuple[float, ...] | None = None, matches: MatchClasses | None = None,
+                 model_drafts: bool = True) -> None:
+        """model_drafts: the request's drafts may carry a model's distribution (False: a model-free drafter)."""
+        self.timing_free = timing_free(config, model_drafts)
+        self.schedule = make_schedule(config, overlapped, curve, model_drafts)
         self.gate = SpeculationGate(enabled=not self.timing_free)
         self.matches = matches or MatchClasses()  # the target's, learned across requests
         self._proposed: Draft | None = None  # this step's model-free draft as proposed, before fit cut it

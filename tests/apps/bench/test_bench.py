@@ -20,13 +20,16 @@ from mirrorsd.exporters import export_draft, export_target
 from mirrorsd.runtime.drafters.retrieval.datastore import build_datastore
 
 BROKEN = "output-altering configuration (broken on purpose)"
+BROKEN_SAMPLED = "sampling-altering configuration (broken on purpose)"
 
 
-def altering(run, vocab: int):
-    """A runner whose last token differs from what the wrapped one produced: the greedy check must catch it."""
+def altering(run, vocab: int, sampled_only: bool = False):
+    """A runner whose last token differs from what the wrapped one produced (sampled_only: on sampled prompts
+    alone): the token check must catch it."""
     def altered(ids, cfg):
         out = run(ids, cfg)
-        out.tokens[-1] = (out.tokens[-1] + 1) % vocab
+        if cfg.temperature > 0 or not sampled_only:
+            out.tokens[-1] = (out.tokens[-1] + 1) % vocab
         return out
     return altered
 
@@ -46,11 +49,13 @@ def bench_report(tmp_path_factory, tokenizer):
     target_export = tmp / "target-export"  # the target, exported for the ONNX Runtime rows
     export_target(target, target_export, quant="none", max_context=4096, tokenizer=tokenizer, validate=False)
     broken = BenchConfig(BROKEN, lambda ctx: altering(ours(ctx, None), len(tokenizer)))
+    broken_sampled = BenchConfig(BROKEN_SAMPLED, lambda ctx: altering(ours(ctx, None), len(tokenizer), True),
+                                 seeded_equal=True)
     opts = BenchOptions(**{**QUICK, "target": "tiny-llama", "draft_model": "tiny-llama-draft",
                            "max_new_tokens": 24}, draft_export=str(export), target_export=str(target_export),
                         out=str(tmp / "out"))
     report = run_bench(opts, engine=Engine(target, tokenizer, name="tiny-llama"), draft_lm=draft, datastore=store,
-                       configs=[*CONFIGS, broken])
+                       configs=[*CONFIGS, broken, broken_sampled])
     return report, tmp / "out"
 
 
@@ -60,14 +65,14 @@ def test_every_configuration_runs_and_greedy_outputs_match(bench_report):
     # The llama.cpp rows need a GGUF target (the tiny in-process model is none): listed as not run, with why.
     torch_rows = [c.name for c in CONFIGS if c.reference == TARGET_ONLY and "GGUF" not in c.name and not c.group]
     onnx_rows = [c.name for c in CONFIGS if c.reference == ONNX_TARGET_ONLY and "llama.cpp" not in c.name]
-    assert names == torch_rows + onnx_rows + [BROKEN]
+    assert names == torch_rows + onnx_rows + [BROKEN, BROKEN_SAMPLED]
     asked = {c.name for c in CONFIGS if not c.group}  # peer groups (vLLM) run only with --peers
     assert {s["configuration"] for s in report["skipped"]} == asked - set(torch_rows + onnx_rows)
     assert all("GGUF" in s["reason"] for s in report["skipped"])
     assert report["categories"] == list(CATEGORIES)
     for row in report["rows"]:
         assert row["tokens_per_second"] > 0 and set(row["by_category"]) == set(CATEGORIES)
-        if row["configuration"] != BROKEN:
+        if row["configuration"] not in (BROKEN, BROKEN_SAMPLED):
             assert row["greedy_equal_to_target_only"] is True, row
     ngram = next(r for r in report["rows"] if r["configuration"] == "n-gram (ours)")
     assert ngram["per_position_acceptance"] and 0 <= ngram["acceptance_rate"] <= 1
@@ -75,7 +80,8 @@ def test_every_configuration_runs_and_greedy_outputs_match(bench_report):
     assert report["rows"][0]["decode_speedup_vs_target_only"] == 1.0
     assert all(r["by_category"][c]["decode_speedup_vs_target_only"] > 0 for r in report["rows"] for c in CATEGORIES)
     creative = [p for p in report["prompts"] if p["category"] == "creative"]
-    assert creative and all(p["temperature"] > 0 and not p["greedy_checked"] for p in creative)
+    assert creative and all(p["temperature"] > 0 and not p["greedy_checked"] and p["seed"] is not None
+                            for p in creative)
 
 
 def test_every_run_prefills_its_prompt_from_a_cold_cache(bench_report):
@@ -92,6 +98,17 @@ def test_a_configuration_that_changes_the_output_is_marked_failed(bench_report):
     broken = next(r for r in report["rows"] if r["configuration"] == BROKEN)
     assert broken["greedy_equal_to_target_only"] is False and broken["mismatched_prompts"]
     assert f"FAILED: {BROKEN}" in (out / "report.md").read_text()
+
+
+def test_a_model_free_row_is_held_to_target_only_tokens_on_seeded_sampled_prompts_too(bench_report):
+    """Sampled prompts run seeded: a row whose seeded replies must be target-only's (our model-free rows) fails on
+    a changed sampled reply; the n-gram row, checked the same way, passes."""
+    report, _ = bench_report
+    rows = {r["configuration"]: r for r in report["rows"]}
+    sampled = {p["label"] for p in report["prompts"] if p["temperature"] > 0}
+    assert rows[BROKEN_SAMPLED]["greedy_equal_to_target_only"] is False
+    assert set(rows[BROKEN_SAMPLED]["mismatched_prompts"]) == sampled
+    assert rows["n-gram (ours)"]["greedy_equal_to_target_only"] is True
 
 
 def test_report_files_are_well_formed(bench_report):

@@ -141,6 +141,18 @@ def test_top_p_on_a_large_vocabulary_keeps_what_transformers_keeps(top_p):
     assert keep[3].sum() > 2048  # the flat row needed the widening
 
 
+def test_a_rows_nucleus_does_not_depend_on_the_rows_beside_it():
+    """A verify pass's row must get the nucleus a plain step's single row gets: a row whose boundary falls among
+    tied tokens keeps the same ones beside a flat row that needs the widening (batched, it kept others)."""
+    from mirrorsd.runtime.decode.sampling import top_p_keep
+
+    tied = torch.full((4096,), -30.0)
+    tied[0], tied[1:400] = 2.0, 0.0
+    batch = torch.stack([tied, torch.zeros(4096)])
+    together, alone = top_p_keep(batch, 0.6), top_p_keep(tied[None], 0.6)
+    assert torch.equal(together[0], alone[0]) and 1 < int(alone[0].sum()) < 400
+
+
 # -- the statistical test: rejection sampling reproduces p -------------------------------------------
 
 def _random_case(seed: int, vocab: int = 6, k: int = 2):
@@ -184,6 +196,33 @@ def test_statistical_test_catches_a_verifier_that_skips_the_residual():
         _, new = verify_reference(tokens, q, logits.numpy(), [], rng, 1.0, skip_residual=True)
         first.append(new[0])
     assert _chi2_pvalue(first, p[0]) < 1e-6
+
+
+# -- one-hot drafts spend the random stream as target-only decoding does -------------------------------
+
+@pytest.mark.parametrize("cfg", [SamplingParams(temperature=0.8), SamplingParams(temperature=1.2, top_k=5, top_p=0.9,
+                                                                                  repetition_penalty=1.3)],
+                         ids=["plain", "all-processors"])
+def test_one_hot_drafts_give_target_only_draws_whatever_is_drafted(cfg):
+    """A run of plain steps (empty drafts) and runs drafting one-hot tokens of any length, right or wrong, commit
+    the same tokens from the same seed: each committed token is one draw from p, as a plain step's is."""
+    r = np.random.default_rng(5)
+    table = torch.tensor(r.normal(size=(12, 12)) * 2, dtype=torch.float32)  # next-token logits by last token
+
+    def run(draft_for, n: int = 60) -> list[int]:
+        rng, out = np.random.default_rng(11), [0]
+        while len(out) < n:
+            draft = draft_for(out)
+            rows = table[[out[-1], *draft]]  # [k+1, V]: row i follows out + draft[:i]
+            _, new = verify(Draft(draft, None, "t"), rows, cfg, rng, history=out)
+            out += new
+        return out[:n]
+
+    plain = run(lambda out: [])
+    lucky = run(lambda out: plain[len(out): len(out) + 4])  # the right tokens: all accepted
+    guess = np.random.default_rng(7)
+    mixed = run(lambda out: plain[len(out): len(out) + int(guess.integers(0, 5))][:2] + [int(guess.integers(0, 12))])
+    assert lucky == plain and mixed == plain
 
 
 # -- seeded determinism against the numpy reference ---------------------------------------------------

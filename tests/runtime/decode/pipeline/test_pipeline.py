@@ -403,7 +403,7 @@ def test_a_step_after_a_miss_verifies_the_first_fresh_tokens_without_waiting_for
     from mirrorsd.runtime.decode.policy import step_policy
     from mirrorsd.runtime.decode.policy.gate import SpeculationGate
 
-    monkeypatch.setattr(step_policy, "make_schedule", lambda config, overlapped=False, curve=None: FreshK(config, fresh_k))
+    monkeypatch.setattr(step_policy, "make_schedule", lambda config, *_: FreshK(config, fresh_k))
     monkeypatch.setattr(step_policy, "SpeculationGate", lambda **kw: SpeculationGate(enabled=False))  # every step drafts
     cfg = GenerationConfig(max_new_tokens=40, num_draft_tokens=4, adaptive_k=False)
     drafter = SlowPastTheFirstFreshToken(TorchCausalLM(other_model))
@@ -457,7 +457,7 @@ def test_the_worker_drafts_ahead_for_the_k_the_schedule_picks_after_the_step(
     from mirrorsd.runtime.decode.policy import step_policy
     from mirrorsd.runtime.decode.policy.gate import SpeculationGate
 
-    monkeypatch.setattr(step_policy, "make_schedule", lambda config, overlapped=False, curve=None: GrowingK(config))
+    monkeypatch.setattr(step_policy, "make_schedule", lambda config, *_: GrowingK(config))
     monkeypatch.setattr(step_policy, "SpeculationGate", lambda **kw: SpeculationGate(enabled=False))
     ahead = []  # per message to the worker: its limit past the committed history
     advance, rebase = pipeline.Advance, pipeline.Rebase

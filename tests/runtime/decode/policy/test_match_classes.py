@@ -63,15 +63,27 @@ def test_classes_are_kept_apart_by_source_and_match_length():
     assert classes.fit(Draft([1, 2, 3], None, "retrieval", match=1), cost).tokens
 
 
-def test_the_policy_leaves_model_drafts_and_seeded_sampling_alone():
+def test_the_policy_leaves_model_drafts_and_seeded_sampling_with_a_model_alone():
     model_draft = Draft([1, 2, 3, 4], None, "torch:cpu")  # match 0: a model's draft, K is the schedule's
     policy = StepPolicy(GenerationConfig(), curve=STEEP)
     assert policy.fit(model_draft) is model_draft
-    seeded = StepPolicy(GenerationConfig(temperature=0.8, seed=1), curve=STEEP)
+    seeded = StepPolicy(GenerationConfig(temperature=0.8, seed=1), curve=STEEP)  # a draft model's request
     for _ in range(10):
         draft = seeded.fit(ngram(4, match=1))
         assert draft.tokens == [10, 11, 12, 13]  # timing must not steer a seeded run's drafts
         seeded.learn(4, 0, [99], 0.0, 0.01, 0.01, measured=True)
+
+
+def test_a_seeded_request_with_a_model_free_drafter_is_cut_like_any_other():
+    """One-hot drafts spend a seed's random stream as plain steps do (verify.py): their length may follow timing."""
+    seeded = StepPolicy(GenerationConfig(temperature=0.8, seed=1), curve=STEEP, model_drafts=False)
+    assert not seeded.timing_free and seeded.gate.enabled
+    lengths = []
+    for _ in range(10):
+        draft = seeded.fit(ngram(4, match=1))
+        lengths.append(len(draft.tokens))
+        seeded.learn(len(draft.tokens), 0, [99], 0.0, 0.01, 0.01, measured=True)
+    assert lengths[-1] < 4, lengths  # never accepted: cut
 
 
 def test_the_policy_learns_into_the_verifiers_classes_across_requests():

@@ -84,9 +84,10 @@ def test_before_costs_are_measured_a_step_after_a_miss_waits_for_one_token_overl
     assert (overlapped.k, overlapped.fresh_k) == (8, 1)
 
 
-def test_seeded_sampling_and_fixed_k_use_the_deterministic_schedule():
+def test_seeded_sampling_with_a_model_and_fixed_k_use_the_deterministic_schedule():
     assert isinstance(make_schedule(GenerationConfig()), CostAwareSchedule)
     assert isinstance(make_schedule(GenerationConfig(temperature=0.7, seed=3)), DraftLengthSchedule)
+    assert isinstance(make_schedule(GenerationConfig(temperature=0.7, seed=3), model_drafts=False), CostAwareSchedule)
     assert isinstance(make_schedule(GenerationConfig(adaptive_k=False)), DraftLengthSchedule)
 
 
