@@ -175,8 +175,8 @@ def test_seeded_sampling_with_a_model_free_drafter_gives_target_only_tokens(draf
     choice between n-gram and retrieval is learned across requests; the gate and K follow timing)."""
     from mirrorsd.runtime.drafters.factory import make_drafter
 
-    ids = smol_cpp.encode([{"role": "user", "content": "Write a Python function that checks whether a string "
-                                                       "is a palindrome."}])
+    ids = smol_cpp.encode([{"role": "user", "content": "Repeat this sentence exactly, three times: the quick brown "
+                                                       "fox jumps over the lazy dog."}])  # drafts that get accepted
     base = dict(max_new_tokens=40, temperature=0.8, top_p=0.95, seed=3)
     target_only = smol_cpp.generate(ids, GenerationConfig(**base)).token_ids
     smol_cpp.drafter = make_drafter(drafter, smol_cpp.tokenizer, "smollm2-135m")
