@@ -481,7 +481,7 @@ def _report(opts, ctx, prompts, encoded, configs_run, cells, skipped, command) -
         "versions": versions(),
         "prompts": [{"label": p.label, "category": p.category, "temperature": p.temperature,
                      "prompt_tokens": len(ids), "greedy_checked": p.greedy,
-                     "seed": None if p.greedy else SAMPLED_SEED} for p, ids in zip(prompts, encoded)],
+                     "seed": _gen_config(p, opts).seed} for p, ids in zip(prompts, encoded)],
         "categories": categories,
         "rows": rows,
         "ours_vs_peers": peers,
