@@ -70,7 +70,12 @@ def live_window(messages: list[str]):
 
 def main(argv: list[str]) -> None:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    os.environ["MIRRORSD_DATA"] = tempfile.mkdtemp(prefix="mirrorsd-shot-")  # leave the user's chats alone
+    with tempfile.TemporaryDirectory(prefix="mirrorsd-shot-", ignore_cleanup_errors=True) as data:
+        os.environ["MIRRORSD_DATA"] = data  # leave the user's chats alone
+        shoot(argv)
+
+
+def shoot(argv: list[str]) -> None:
     from mirrorsd.apps.chat.window import make_application
 
     out = Path(argv[0]) if argv else Path(__file__).resolve().parents[1] / "docs" / "chat-window.png"
