@@ -74,6 +74,13 @@ def cache_dir() -> Path:
     return Path(user_cache_dir("mirrorsd"))
 
 
+def calibrations_path() -> Path:
+    """Where measured costs and invariance verdicts are kept: MIRRORSD_CALIBRATIONS, else calibrations.json in the
+    cache folder."""
+    env = os.environ.get("MIRRORSD_CALIBRATIONS")
+    return Path(env).expanduser() if env else cache_dir() / "calibrations.json"
+
+
 def entry_dir(name: str) -> Path:
     return cache_dir() / "models" / name
 

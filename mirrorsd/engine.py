@@ -175,13 +175,13 @@ class Engine:
                                export_threads=cpu_draft_threads(loaded.lm.computes_on))
         engine = cls(loaded.lm, loaded.tokenizer, drafter, name=target, helper=helper_for(drafter),
                      eos_ids=loaded.eos_ids)
-        from mirrorsd.catalog import cache_dir
+        from mirrorsd.catalog import calibrations_path
 
         # the backends as resolved ("auto" may pick another one once llama-cpp-python is installed)
         kept = engine.calibrated
         kept.target_id = (f"target {target} on {loaded.lm.backend} (device {device}, dtype {dtype}"
                           f"{_kernels_of(loaded.lm)})")
-        kept.store = CalibrationStore(cache_dir() / "calibrations.json")
+        kept.store = CalibrationStore(calibrations_path())
         if isinstance(draft, str) and drafter is not None and drafter.model is not None:
             kept.pair_id = (f"{kept.target_id}, draft {draft} on {drafter.model.lm.backend} (device "
                             f"{draft_device or device}, dtype {draft_dtype or dtype}{_kernels_of(drafter.model.lm)})")

@@ -112,6 +112,13 @@ def _user_data(tmp_path_factory):
     os.environ["MIRRORSD_DATA"] = str(tmp_path_factory.mktemp("user-data"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_calibrations(tmp_path_factory):
+    """Measured costs and verdicts go to the run's own file: costs measured while the suite keeps every core busy
+    are no guide to the user's later runs, which would otherwise take them from the cache folder."""
+    os.environ["MIRRORSD_CALIBRATIONS"] = str(tmp_path_factory.mktemp("calibrations") / "calibrations.json")
+
+
 @pytest.fixture(scope="module")
 def datastore(tmp_path_factory, target_model, tokenizer):
     """A datastore holding the target's own greedy continuations of the first two prompts (and the

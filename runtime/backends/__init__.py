@@ -112,13 +112,13 @@ def invariance_verdict(what: str, check) -> bool:
     """The invariance check's verdict on a fixed-shape model: measured once per model, shape, device and build
     (`what` names them), kept in the cache folder's calibrations.json with the machine and mirrorsd's version."""
     from mirrorsd import __version__
-    from mirrorsd.catalog import cache_dir
+    from mirrorsd.catalog import calibrations_path
     from mirrorsd.devices import machine_id
     from mirrorsd.runtime.decode.policy.calibrate import CalibrationStore
 
     from mirrorsd.runtime.backends.invariance import FIXED_CHECK
 
-    store = CalibrationStore(cache_dir() / "calibrations.json")
+    store = CalibrationStore(calibrations_path())
     key = " | ".join((what, FIXED_CHECK, machine_id(), f"mirrorsd {__version__}"))
     verdict = store.get_verdict(key)
     if verdict is None:

@@ -136,6 +136,7 @@ def test_a_seeded_sampled_run_is_the_same_in_every_mode_and_after_other_requests
 
 def test_a_verdict_is_measured_once_and_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path))
+    monkeypatch.delenv("MIRRORSD_CALIBRATIONS", raising=False)  # the default place, in the cache folder
     checks = []
     assert invariance_verdict("invariance of a model", lambda: checks.append(1) or True)
     assert invariance_verdict("invariance of a model", lambda: checks.append(1) or False)  # kept: not re-checked

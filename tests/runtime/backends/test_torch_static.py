@@ -165,6 +165,7 @@ def test_the_torch_static_backend_loads_a_folder_and_keeps_its_verdict(tiny_fold
     from mirrorsd.runtime.decode.policy.calibrate import CalibrationStore
 
     monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path))
+    monkeypatch.delenv("MIRRORSD_CALIBRATIONS", raising=False)  # the default place, in the cache folder
     target = load_lm(str(tiny_folder), "torch-static", device="cpu").lm
     assert isinstance(target, StaticTorchLM) and target.exact_batches and target.rows == 16
     assert target.dtype == torch.float32  # the CPU's default; bfloat16 is the GPU's

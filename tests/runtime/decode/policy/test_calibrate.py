@@ -17,7 +17,9 @@ from mirrorsd.runtime.drafters import ModelDrafter
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
+    """The default place: calibrations.json in the cache folder (the suite's own file set aside)."""
     monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path))
+    monkeypatch.delenv("MIRRORSD_CALIBRATIONS", raising=False)
     return tmp_path / "calibrations.json"
 
 
@@ -41,6 +43,15 @@ def test_a_calibration_is_measured_once_and_reused_by_a_later_engine(cache, tiny
         assert later.calibration(4) != costs  # another placement: measured afresh, kept under its own key
         assert len(json.loads(cache.read_text())) == 3
     later.close()
+
+
+def test_mirrorsd_calibrations_names_another_file(cache, tiny_folder, monkeypatch):
+    elsewhere = cache.parent / "elsewhere" / "costs.json"
+    monkeypatch.setenv("MIRRORSD_CALIBRATIONS", str(elsewhere))
+    engine = load(tiny_folder)
+    engine.calibration(4)
+    assert len(json.loads(elsewhere.read_text())) == 1 and not cache.exists()
+    engine.close()
 
 
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"x": 1}'])
