@@ -64,9 +64,9 @@ if [ -z "${MIRRORSD_KERNEL_ARM64:-}" ] && [ "${MIRRORSD_ARM64:-1}" != 0 ]; then
     rm -f "$LOG"
 fi
 # A full disk shows up as scattered setup errors, so say it first: the suite's scratch space (model folders copied
-# into tmp_path, removed as each test passes) peaks at a few gigabytes.
+# into tmp_path, removed as each test passes) peaks at about 1.2 GB.
 FREE_GB=$(df -Pk "${TMPDIR:-/tmp}" | awk 'NR == 2 {print int($4 / 1048576)}')
-if [ "${FREE_GB:-99}" -lt 6 ]; then
-    echo "warning: only ${FREE_GB} GB free in ${TMPDIR:-/tmp}; the full suite needs about 6 GB of scratch space" >&2
+if [ "${FREE_GB:-99}" -lt 3 ]; then
+    echo "warning: only ${FREE_GB} GB free in ${TMPDIR:-/tmp}; the full suite wants about 3 GB of scratch space" >&2
 fi
 .venv/bin/python -m pytest -q --durations=15 "$@"  # the slowest tests listed at the end
