@@ -6,7 +6,10 @@ completions equal mirrorsd's torch float32 target-only decoding, and vLLM's coun
 
 from __future__ import annotations
 
+import gc
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +36,10 @@ def ours():
         return [engine.generate(p, GenerationConfig(max_new_tokens=MAX_TOKENS)).text for p in PROMPTS]
 
 
+def temp_sockets() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).iterdir() if p.is_socket()}
+
+
 @pytest.mark.parametrize("draft", ["ngram", "smollm2-135m", "retrieval", "chain"])
 def test_a_handoff_served_by_vllm_is_greedy_equal_and_accepts_drafts(draft, ours, tmp_path):
     import httpx
@@ -40,6 +47,7 @@ def test_a_handoff_served_by_vllm_is_greedy_equal_and_accepts_drafts(draft, ours
 
     # float32 (served with --dtype float32): the weights mirrorsd's torch backend runs, for token equality
     folder = write_handoff(plan_handoff("smollm2-135m", draft, 4, None), str(tmp_path / "handoff"), dtype="float32")
+    sockets_before = temp_sockets()
     server, port = start_server([str(folder / "serve.sh")], VLLM_PYTHON, tmp_path / "vllm.log",
                                 SERVER_ARGS + IN_ONE_PROCESS, IN_ONE_PROCESS_ENV)
     try:
@@ -49,6 +57,9 @@ def test_a_handoff_served_by_vllm_is_greedy_equal_and_accepts_drafts(draft, ours
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     finally:
         stop_server(server)
+    del server  # its folder of ZeroMQ sockets goes with it
+    gc.collect()
+    assert temp_sockets() <= sockets_before, "vLLM's sockets were left in the temp folder"
     assert theirs == ours
     accepted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                    if line.startswith("vllm:spec_decode_num_accepted_tokens_total"))
