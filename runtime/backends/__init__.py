@@ -92,7 +92,7 @@ def _load_torch_static(spec: str, device: str | None = "auto", dtype=None, progr
 
 def _static_lm(model, device, spec: str, role: str):
     """A StaticTorchLM: a target with the invariance check's verdict (measured once per model, dtype, device and
-    shape, kept in the cache folder's calibrations.json), or a draft with one-row steps."""
+    shape, kept in the calibrations file: `calibrations_path()`), or a draft with one-row steps."""
     import torch
 
     from mirrorsd.runtime.backends.torch_static import DEFAULT_ROWS, StaticTorchLM
@@ -110,7 +110,8 @@ def _static_lm(model, device, spec: str, role: str):
 
 def invariance_verdict(what: str, check) -> bool:
     """The invariance check's verdict on a fixed-shape model: measured once per model, shape, device and build
-    (`what` names them), kept in the cache folder's calibrations.json with the machine and mirrorsd's version."""
+    (`what` names them), kept in the calibrations file (`calibrations_path()`) with the machine and mirrorsd's
+    version."""
     from mirrorsd import __version__
     from mirrorsd.catalog import calibrations_path
     from mirrorsd.devices import machine_id
