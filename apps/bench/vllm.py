@@ -29,7 +29,9 @@ from mirrorsd.apps.bench.configs import TARGET_ONLY, BenchConfig, BenchContext, 
 from mirrorsd.config import GenerationConfig
 
 VLLM_TARGET_ONLY = "target only (vLLM-CPU)"
-SERVER_ARGS = ("--dtype", "float32", "--enforce-eager", "--max-model-len", "4096")
+# No prefix caching: a request that shares its start with an earlier one (the chat template's, a repeat) would skip
+# that part of its prefill, where our rows prefill every request from a cold cache.
+SERVER_ARGS = ("--dtype", "float32", "--enforce-eager", "--max-model-len", "4096", "--no-enable-prefix-caching")
 KV_CACHE_GB = "1"  # VLLM_CPU_KVCACHE_SPACE: a 4096-token request of a 1.5B model needs a quarter of it
 START_TIMEOUT_S = 900.0
 NEEDS = "vLLM's environment (scripts/setup_vllm.sh makes .venv-vllm; or MIRRORSD_VLLM_PYTHON) and --peers vllm"

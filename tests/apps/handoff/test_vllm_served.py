@@ -36,6 +36,11 @@ def ours():
         return [engine.generate(p, GenerationConfig(max_new_tokens=MAX_TOKENS)).text for p in PROMPTS]
 
 
+def counter(metrics: str, name: str) -> float:
+    """A counter's total over its labels in Prometheus text."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name))
+
+
 def temp_sockets() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).iterdir() if p.is_socket()}
 
@@ -54,6 +59,8 @@ def test_a_handoff_served_by_vllm_is_greedy_equal_and_accepts_drafts(draft, ours
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         theirs = [client.completions.create(model="smollm2-135m", prompt=p, max_tokens=MAX_TOKENS, temperature=0)
                   .choices[0].text for p in PROMPTS]
+        for _ in range(2):  # several KV blocks (128 tokens each on the CPU), twice: prefix caching would reuse them
+            client.completions.create(model="smollm2-135m", prompt="".join(PROMPTS) * 16, max_tokens=1)
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     finally:
         stop_server(server)
@@ -61,9 +68,9 @@ def test_a_handoff_served_by_vllm_is_greedy_equal_and_accepts_drafts(draft, ours
     gc.collect()
     assert temp_sockets() <= sockets_before, "vLLM's sockets were left in the temp folder"
     assert theirs == ours
-    accepted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                   if line.startswith("vllm:spec_decode_num_accepted_tokens_total"))
+    accepted = counter(metrics, "vllm:spec_decode_num_accepted_tokens_total")
     assert accepted > 0, f"{draft}: vLLM accepted no drafted token"
+    assert counter(metrics, "vllm:prefix_cache_hits_total") == 0, "prefix caching is on (SERVER_ARGS turn it off)"
 
 
 def test_bench_runs_vllm_rows_beside_ours_each_greedy_equal_to_vllms_own_plain_run(tmp_path, monkeypatch):
