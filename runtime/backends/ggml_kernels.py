@@ -19,6 +19,8 @@ import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+PATCH_FUNCTIONS = ("ggml_cpu_set_batch_invariant", "ggml_cpu_get_batch_invariant", "ggml_cpu_get_row_pairs")
+
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
@@ -30,12 +32,13 @@ def _library() -> ctypes.CDLL | None:
     except ImportError:
         return None
     cdll = getattr(api, "_lib", None)  # llama-cpp-python's handle of the library it loaded
-    if cdll is None or not hasattr(cdll, "ggml_cpu_set_batch_invariant"):
+    # A stock build has none of the patch's functions; a build of an older patch (a LLAMA_CPP_LIB_PATH of the
+    # user's) lacks some, and its kernels are not the ones the invariance tests vouch for: neither counts.
+    if cdll is None or not all(hasattr(cdll, name) for name in PATCH_FUNCTIONS):
         return None
     cdll.ggml_cpu_set_batch_invariant.argtypes = [ctypes.c_bool]
     cdll.ggml_cpu_get_batch_invariant.restype = ctypes.c_bool
-    if hasattr(cdll, "ggml_cpu_get_row_pairs"):  # not in builds of an older patch
-        cdll.ggml_cpu_get_row_pairs.restype = ctypes.c_bool
+    cdll.ggml_cpu_get_row_pairs.restype = ctypes.c_bool
     return cdll
 
 
@@ -71,9 +74,9 @@ def batch_invariant() -> bool | None:
 def row_pairs() -> bool | None:
     """With AVX-512, whether the multi-row kernels put two rows in each 512-bit register (True) or run the AVX2
     ones (False: the default on AMD Zen 4; GGML_CPU_ROW_PAIRS overrides); False without AVX-512, None without
-    a build of the patch that has the choice. The same bits either way (docs/exactness.md)."""
+    the patched build. The same bits either way (docs/exactness.md)."""
     lib = _library()
-    return None if lib is None or not hasattr(lib, "ggml_cpu_get_row_pairs") else bool(lib.ggml_cpu_get_row_pairs())
+    return None if lib is None else bool(lib.ggml_cpu_get_row_pairs())
 
 
 @contextlib.contextmanager
