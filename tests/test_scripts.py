@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import importlib.util
 import subprocess
 import sys
@@ -33,6 +34,24 @@ def test_the_names_a_script_imports_exist(script):
 def test_a_script_with_a_command_line_starts(script):
     out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "usage:" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.integration
+def test_kernel_forms_runs_each_form_in_processes_of_its_own(tmp_path):
+    """scripts/kernel_forms.py on smollm2, one process a form: each form's environment reaches its process (the
+    row-pairs switch, read back there), and both forms' passes are exact."""
+    scripts = SCRIPTS[0].parent
+    out = subprocess.run([sys.executable, str(scripts / "kernel_forms.py"), "--model", "smollm2-135m",
+                          "--processes", "1", "--passes", "2", "--positions", "2", "3",
+                          "--form", "pairs", "GGML_CPU_ROW_PAIRS=1", "--form", "no pairs", "GGML_CPU_ROW_PAIRS=0",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    runs = json.loads((tmp_path / "results.json").read_text())["results"]
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    assert runs["pairs"][0]["row_pairs"] is ("avx512f" in flags and "avx512bw" in flags)
+    assert runs["no pairs"][0]["row_pairs"] is False
+    assert all(run["max_abs_diff"] == 0 for form in runs.values() for run in form)
+    assert (tmp_path / "table.md").read_text().count("**0 (exact)**") == 2
 
 
 @pytest.mark.slow
