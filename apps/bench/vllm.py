@@ -126,11 +126,12 @@ def start_server(command: list[str], python: str, log: Path, args: tuple[str, ..
     """Start a vLLM server (`python -m vllm.entrypoints.openai.api_server ...` or a handoff's serve.sh) on a free
     loopback port and wait until it answers; its output goes to `log`. Returns the process and its port."""
     port = free_port()
-    # vLLM's ZeroMQ sockets, which it leaves behind when stopped, go to a folder of their own (a short path: a
-    # socket's name has a length limit), removed once the server object is gone
+    # What vLLM leaves behind when stopped (its ZeroMQ sockets, its torch.distributed store file in the temp folder)
+    # goes to a folder of its own (a short path: a socket's name has a length limit), removed once the server object
+    # is gone
     rpc = tempfile.mkdtemp(prefix="vllm-rpc-")
     env = {**os.environ, "PYTHON": python, "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GB, "HF_HUB_OFFLINE": "1",
-           "VLLM_RPC_BASE_PATH": rpc, **(env or {})}
+           "VLLM_RPC_BASE_PATH": rpc, "TMPDIR": rpc, **(env or {})}
     with open(log, "w") as out:
         server = subprocess.Popen([*command, *args, "--host", "127.0.0.1", "--port", str(port)], env=env,
                                   start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
