@@ -65,9 +65,7 @@ def parse_forms(specs: list[list[str]]) -> dict[str, dict[str, str]]:
 
 
 def render(model: str, results: dict[str, list[dict]], positions: list[int], passes: int) -> str:
-    def ms(runs: list[dict], key: str) -> list[float]:
-        return [r[key] for r in runs]
-
+    keys = ["decode"] + [str(p) for p in positions]
     lines = [f"{model}: medians of {passes} timings a process after a {CONTEXT}-token context, "
              f"{len(next(iter(results.values())))} processes a form, alternating; ms as minimum / median over the "
              "processes; verify cost in decode steps from the medians.", "",
@@ -78,11 +76,11 @@ def render(model: str, results: dict[str, list[dict]], positions: list[int], pas
     for label, runs in results.items():
         env = runs[0]["env"]
         setting = ", ".join(f"`{k}={Path(v).name if k == 'LLAMA_CPP_LIB_PATH' else v}`" for k, v in env.items())
-        decode = statistics.median(ms(runs, "decode"))
+        lowest = {k: min(r[k] for r in runs) for k in keys}
+        median = {k: statistics.median(r[k] for r in runs) for k in keys}
         diff = max(r["max_abs_diff"] for r in runs)
-        cells = [f"{min(ms(runs, k)):.1f} / {statistics.median(ms(runs, k)):.1f}"
-                 for k in ["decode"] + [str(p) for p in positions]]
-        steps = " / ".join(f"{statistics.median(ms(runs, str(p))) / decode:.2f}" for p in positions)
+        cells = [f"{lowest[k]:.1f} / {median[k]:.1f}" for k in keys]
+        steps = " / ".join(f"{median[str(p)] / median['decode']:.2f}" for p in positions)
         lines.append(f"| {label} | {setting or 'as built'} | {'**0 (exact)**' if diff == 0 else f'{diff:.3g}'} | "
                      + " | ".join(cells) + f" | {steps} |")
     return "\n".join(lines) + "\n"
