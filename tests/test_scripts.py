@@ -40,7 +40,7 @@ def test_a_script_with_a_command_line_starts(script):
 def test_kernel_forms_runs_each_form_in_processes_of_its_own(tmp_path):
     """scripts/kernel_forms.py on smollm2, one process a form: each form's environment reaches its process (the
     row-pairs switch, read back there), and both forms' passes are exact."""
-    from mirrorsd.apps.bench.runner import simd_of
+    from mirrorsd.apps.bench.runner import machine_info
 
     scripts = SCRIPTS[0].parent
     out = subprocess.run([sys.executable, str(scripts / "kernel_forms.py"), "--model", "smollm2-135m",
@@ -49,8 +49,7 @@ def test_kernel_forms_runs_each_form_in_processes_of_its_own(tmp_path):
                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     runs = json.loads((tmp_path / "results.json").read_text())["results"]
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    assert runs["pairs"][0]["row_pairs"] is (simd_of(cpuinfo) == "AVX-512")
+    assert runs["pairs"][0]["row_pairs"] is (machine_info()["simd"] == "AVX-512")
     assert runs["no pairs"][0]["row_pairs"] is False
     assert all(run["max_abs_diff"] == 0 for form in runs.values() for run in form)
     assert (tmp_path / "table.md").read_text().count("**0 (exact)**") == 2
