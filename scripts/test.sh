@@ -69,7 +69,4 @@ FREE_GB=$(df -Pk "${TMPDIR:-/tmp}" | awk 'NR == 2 {print int($4 / 1048576)}')
 if [ "${FREE_GB:-99}" -lt 3 ]; then
     echo "warning: only ${FREE_GB} GB free in ${TMPDIR:-/tmp}; the full suite wants about 3 GB of scratch space" >&2
 fi
-# Two workers (MIRRORSD_TEST_WORKERS; 0 runs in this process): the suite keeps about one core busy on its own (its
-# servers, subprocesses and downloads wait), so two finish it in well under its serial time even on two cores. Each
-# test file runs on one worker (--dist loadfile), so a module's fixtures (an export, a server) are made once.
-.venv/bin/python -m pytest -q -n "${MIRRORSD_TEST_WORKERS:-2}" --dist loadfile --durations=15 "$@"  # slowest listed
+.venv/bin/python -m pytest -q --durations=15 "$@"  # the slowest tests listed at the end
