@@ -5,7 +5,7 @@
 transformers, save safetensors + tokenizer into the cache. A `complete.json` written last records
 every file's size; an entry whose files do not match it (an interrupted build, a truncated copy) is
 rebuilt, never used. One process at a time builds an entry (a lock file under <cache>/locks/): a second one
-started meanwhile (two servers on a fresh machine, a test run in parallel) waits, then finds it built.
+started meanwhile (two servers on a fresh machine, a chat and a script) waits, then finds it built.
 The README's "Models" section lists the entries and the packages they come from.
 """
 
@@ -362,7 +362,7 @@ def convert_gguf_file(path: Path, progress: bool = True) -> Path:
     root = cache_dir() / "gguf" / f"{path.stem}-{key}"
     if _entry_problem(root) is None:
         return root / "hf"
-    with _building(root.name, f"the torch conversion of {path.name}", progress):
+    with _building(f"{root.name}.torch", f"the torch conversion of {path.name}", progress):
         if _entry_problem(root) is None:
             return root / "hf"
         shutil.rmtree(root, ignore_errors=True)
