@@ -269,7 +269,8 @@ def gguf_tokenizer(gguf: Path, progress: bool = True) -> Path:
         from transformers import AutoTokenizer
 
         _say(f"mirrorsd: reading the tokenizer of {gguf.name} (once)", progress)
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with _gguf_parsed_once():
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tmp = folder.with_name(folder.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tok.save_pretrained(tmp)
@@ -340,8 +341,9 @@ def _convert(gguf: Path, out: Path, progress: bool, what: str) -> None:
     _say(f"mirrorsd: {what} (once; about a minute for 1.5B parameters)", progress)
     if not progress:
         hf_logging.disable_progress_bar()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with _gguf_parsed_once():
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # transformers marks GGUF-loaded models as quantized and refuses to save them; the weights are
     # already plain float32 tensors, so drop the marker.
     model.hf_quantizer = None
@@ -353,6 +355,36 @@ def _convert(gguf: Path, out: Path, progress: bool, what: str) -> None:
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     tmp.rename(out)
+
+
+@contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """transformers parses a GGUF file anew for its config, its tokenizer and its weights, and rebuilds gguf's
+    tensor-name map for every module: most of a conversion's time on a small model with a large vocabulary.
+    Within this block each file is parsed once and each map built once (gguf's reader is a read-only view of the
+    file). transformers imports both names from gguf inside the functions that use them, so the module's
+    attributes are what it gets; they are restored on leaving."""
+    import functools
+    import threading
+
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    parsed: dict[tuple, object] = {}
+    lock = threading.Lock()
+
+    def read_once(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        with lock:
+            if key not in parsed:
+                parsed[key] = reader(path, mode)
+            return parsed[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = read_once, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def convert_gguf_file(path: Path, progress: bool = True) -> Path:

@@ -143,12 +143,12 @@ def load_tokenizer(folder: str | Path):
 
 def load_model(spec: str, device: torch.device, dtype: torch.dtype, progress: bool = False):
     """(model, tokenizer) for a model argument, on `device` in `dtype`, in eval mode."""
+    path = resolve_model_path(spec, progress=progress)  # first: a model that is not there costs no import
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     if not progress:
         hf_logging.disable_progress_bar()
-    path = resolve_model_path(spec, progress=progress)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)

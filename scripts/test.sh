@@ -6,7 +6,11 @@
 # exporters and the marked tests run in the full suite only. Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each setup step's time goes to stderr (a CI log then shows where a run's minutes went).
+lap() { echo "setup: $1 took $((SECONDS - LAP)) s" >&2; LAP=$SECONDS; }
+LAP=$SECONDS
 bash scripts/setup.sh
+lap ".venv (scripts/setup.sh)"
 if [ "${1:-}" = --quick ]; then
     shift
     exec .venv/bin/python -m pytest -q -m "not integration and not vllm and not slow" --durations=5 \
@@ -24,6 +28,7 @@ if [ -z "${MIRRORSD_VLLM_PYTHON:-}" ] && [ "${MIRRORSD_VLLM:-1}" != 0 ]; then
         echo "vLLM tests will skip: $MIRRORSD_VLLM_UNAVAILABLE" >&2
     fi
     rm -f "$LOG"
+    lap "vLLM's environment (scripts/setup_vllm.sh)"
 fi
 # The batch-invariant kernels for AVX2 without AVX-512 are built and tested on every x86-64 machine with AVX2
 # (tests/runtime/backends/test_invariance_variants.py): scripts/build_llama_variant.sh, about two minutes the first
@@ -38,6 +43,7 @@ if [ -z "${MIRRORSD_LLAMA_AVX2:-}" ] && [ "${MIRRORSD_AVX2:-1}" != 0 ] && [ "$(u
         echo "the AVX2 kernel test will skip: $MIRRORSD_LLAMA_AVX2_UNAVAILABLE" >&2
     fi
     rm -f "$LOG"
+    lap "the AVX2 build"
 fi
 # The same kernels for ARM64 (NEON with dotprod, and with i8mm), checked at the kernel level under qemu-user
 # (tests/runtime/backends/test_kernel_invariance.py): Debian's cross compiler and qemu-user, installed here where
@@ -62,6 +68,7 @@ if [ -z "${MIRRORSD_KERNEL_ARM64:-}" ] && [ "${MIRRORSD_ARM64:-1}" != 0 ]; then
         echo "the ARM64 kernel check will skip: $MIRRORSD_KERNEL_ARM64_UNAVAILABLE" >&2
     fi
     rm -f "$LOG"
+    lap "the ARM64 build"
 fi
 # A full disk shows up as scattered setup errors, so say it first: the suite's scratch space (model folders copied
 # into tmp_path, removed as each test passes) peaks at about 1.2 GB.

@@ -65,15 +65,16 @@ def _load_torch(spec: str, device: str | None = "auto", dtype=None, progress: bo
 
     from mirrorsd.devices import parse_dtype, resolve_device
     from mirrorsd.models import load_model
-    from mirrorsd.runtime.backends.cpu_kernels import use_onednn_linear
-    from mirrorsd.runtime.backends.torch_invariant import make_batch_invariant
-    from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
 
     dev = resolve_device(device)
     static = dev.type == "cuda" if static is None else static
     graphed_default = static and dev.type == "cuda" and dtype in (None, "auto")  # exact in bfloat16 there
     torch_dtype = torch.bfloat16 if graphed_default else parse_dtype(dtype, dev)
     model, tokenizer = load_model(spec, dev, torch_dtype, progress)
+    # (transformers' modelling code, seconds to import, only once the model is found: a wrong name fails fast)
+    from mirrorsd.runtime.backends.cpu_kernels import use_onednn_linear
+    from mirrorsd.runtime.backends.torch_invariant import make_batch_invariant
+    from mirrorsd.runtime.backends.torch_lm import TorchCausalLM
     from mirrorsd.runtime.backends.torch_static import supports
 
     if static and supports(model):

@@ -149,6 +149,20 @@ def test_a_truncated_gguf_given_by_path_is_a_clear_error(tmp_path):
         resolve_gguf(str(tmp_path / "junk.gguf"))
 
 
+def test_within_a_conversion_each_gguf_file_is_parsed_once_and_gguf_is_restored_after(tmp_path):
+    """transformers parses a GGUF file anew for its config and for its weights (gguf.GGUFReader each time)."""
+    import gguf
+
+    path = catalog.ensure_gguf("smollm2-135m", progress=False)
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with catalog._gguf_parsed_once():
+        first = gguf.GGUFReader(str(path))
+        assert gguf.GGUFReader(path) is first and isinstance(first, reader)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+    assert gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
+    assert gguf.GGUFReader(path) is not first
+
+
 def test_a_second_process_waits_for_the_build_in_progress_then_uses_it(tmp_path, monkeypatch, capsys):
     """Another process holds the entry's build lock: ensure_gguf waits (saying so), and when the other process
     has built the file it returns that file instead of fetching it again."""
