@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -269,8 +270,7 @@ def gguf_tokenizer(gguf: Path, progress: bool = True) -> Path:
         from transformers import AutoTokenizer
 
         _say(f"mirrorsd: reading the tokenizer of {gguf.name} (once)", progress)
-        with _gguf_parsed_once():
-            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tmp = folder.with_name(folder.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tok.save_pretrained(tmp)
@@ -357,34 +357,36 @@ def _convert(gguf: Path, out: Path, progress: bool, what: str) -> None:
     tmp.rename(out)
 
 
+_GGUF_PATCHED = threading.Lock()
+
+
 @contextmanager
 def _gguf_parsed_once() -> Iterator[None]:
-    """transformers parses a GGUF file anew for its config, its tokenizer and its weights, and rebuilds gguf's
-    tensor-name map for every module: most of a conversion's time on a small model with a large vocabulary.
-    Within this block each file is parsed once and each map built once (gguf's reader is a read-only view of the
-    file). transformers imports both names from gguf inside the functions that use them, so the module's
-    attributes are what it gets; they are restored on leaving."""
+    """transformers parses a GGUF file anew for its config and for its weights, and rebuilds gguf's tensor-name
+    map for every module: most of a conversion's time on a small model with a large vocabulary. Within this block
+    each file is parsed once and each map built once (gguf's reader is a read-only view of the file).
+    transformers imports both names from gguf inside the functions that use them, so the module's attributes are
+    what it gets; they are restored on leaving. One block at a time per process: two interleaved blocks would
+    restore each other's stand-ins."""
     import functools
-    import threading
 
     import gguf
 
-    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    parsed: dict[tuple, object] = {}
-    lock = threading.Lock()
+    with _GGUF_PATCHED:
+        reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        parsed: dict[tuple, object] = {}
 
-    def read_once(path, mode="r"):
-        key = (os.path.realpath(path), mode)
-        with lock:
+        def read_once(path, mode="r"):
+            key = (os.path.realpath(path), mode)
             if key not in parsed:
                 parsed[key] = reader(path, mode)
             return parsed[key]
 
-    gguf.GGUFReader, gguf.get_tensor_name_map = read_once, functools.lru_cache(maxsize=None)(name_map)
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+        gguf.GGUFReader, gguf.get_tensor_name_map = read_once, functools.lru_cache(maxsize=None)(name_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def convert_gguf_file(path: Path, progress: bool = True) -> Path:

@@ -103,7 +103,7 @@ def test_a_gguf_file_loads_and_decodes_like_the_catalog_model(smol, tmp_path, mo
     parses, reader = [], gguf_package.GGUFReader
     monkeypatch.setattr(gguf_package, "GGUFReader", lambda *a: parses.append(a) or reader(*a))
     engine = Engine.load(target=str(gguf), draft="none", backend="torch")
-    assert len(parses) <= 2, parses  # the structure check, then one parse for the whole conversion (not three)
+    assert len(parses) <= 2, parses  # one parse serves the whole conversion (without the memo: three)
     cfg = GenerationConfig(max_new_tokens=12)
     smol.drafter = None
     assert engine.generate(PROMPTS[0], cfg).token_ids == smol.generate(PROMPTS[0], cfg).token_ids
