@@ -64,9 +64,9 @@ def parse_dtype(spec: str | torch.dtype | None, device: torch.device) -> torch.d
         raise ConfigError(f"unknown dtype {spec!r}", f"use one of auto, {', '.join(sorted(_DTYPES))}") from None
 
 
-def machine_id() -> str:
+def machine_id(torch_threads: bool = True) -> str:
     """What measured costs (pipeline="auto"'s calibration) depend on besides the models: the CPU, the cores this
-    process may use, torch's threads, the GPUs."""
+    process may use, torch's threads (torch_threads=False: left out, for what torch does not compute), the GPUs."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -75,4 +75,5 @@ def machine_id() -> str:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    return f"{platform.system()} {cpu}, {cores} cores, {torch.get_num_threads()} torch threads, GPUs {gpus}"
+    threads = f"{torch.get_num_threads()} torch threads, " if torch_threads else ""
+    return f"{platform.system()} {cpu}, {cores} cores, {threads}GPUs {gpus}"

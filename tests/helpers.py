@@ -89,9 +89,18 @@ def wait_idle(url: str, timeout: float = 30.0) -> dict:
 CLI = [sys.executable, "-m", "mirrorsd"]
 
 
-def run(*args, env=None):
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300,
+def run(*args, env=None, stdin=None):
+    return subprocess.run([*CLI, *args], input=stdin, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+def run_all(*commands, env=None):
+    """run(*args) for each of a test's independent commands, as many at once as there are cores: their start-ups
+    (torch's import, a model's load) overlap instead of adding up. Results in the commands' order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        return list(pool.map(lambda args: run(*args, env=env), commands))
 
 
 def decode_steps(target, drafter, prompt_ids, config, max_new_tokens: int, mode: str = "branches"):

@@ -109,10 +109,10 @@ def _static_lm(model, device, spec: str, role: str):
     return lm
 
 
-def invariance_verdict(what: str, check) -> bool:
+def invariance_verdict(what: str, check, torch_threads: bool = True) -> bool:
     """The invariance check's verdict on a fixed-shape model: measured once per model, shape, device and build
     (`what` names them), kept in the calibrations file (`calibrations_path()`) with the machine and mirrorsd's
-    version."""
+    version (torch_threads=False: a verdict on kernels that are not torch's, kept whatever torch's thread count)."""
     from mirrorsd import __version__
     from mirrorsd.catalog import calibrations_path
     from mirrorsd.devices import machine_id
@@ -121,7 +121,7 @@ def invariance_verdict(what: str, check) -> bool:
     from mirrorsd.runtime.backends.invariance import FIXED_CHECK
 
     store = CalibrationStore(calibrations_path())
-    key = " | ".join((what, FIXED_CHECK, machine_id(), f"mirrorsd {__version__}"))
+    key = " | ".join((what, FIXED_CHECK, machine_id(torch_threads), f"mirrorsd {__version__}"))
     verdict = store.get_verdict(key)
     if verdict is None:
         verdict = check()
@@ -162,7 +162,7 @@ def _load_llamacpp(spec: str, device: str | None = "auto", dtype=None, progress:
         lm.exact_batches = invariance_verdict(
             f"invariance of {spec} ({gguf.name}) on {lm.backend}, {FIXED_ROWS} rows, flash attention, "
             f"llama.cpp build {build_id()}",
-            lambda: check_fixed_shape(lm, FIXED_ROWS))
+            lambda: check_fixed_shape(lm, FIXED_ROWS), torch_threads=False)
         if not lm.exact_batches:
             lm.fixed_rows = None  # not exact at one shape either: the cheaper passes of any shape (declared inexact)
     tokenizer = load_tokenizer(tokenizer_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import run
+from helpers import run, run_all
 
 def test_generate_json_on_a_local_folder_matches_target_only(tiny_folder):
     common = ["--target", str(tiny_folder), "--max-new-tokens", "24", "--json", "--raw", "--dtype", "float32"]
@@ -26,24 +26,27 @@ def test_generate_json_on_a_local_folder_matches_target_only(tiny_folder):
 
 
 def test_bad_arguments_give_a_message_not_a_traceback(tiny_folder):
-    bad_model = run("generate", "--target", "no-such-model", "hi")
+    bad = [(["--seed", "-1"], "seed"), (["--k", "abc"], "--k"), (["--no-such-flag"], "no-such-flag"),
+           (["--trace", str(tiny_folder / "config.json" / "t.json")], "cannot write the trace"),
+           (["--k", "0"], "--k must be from 1"), (["--max-new-tokens", "0"], "--max-new-tokens must"),
+           (["--dtype", "bogus"], "--dtype 'bogus'"), (["--device", "tpu9"], "--device 'tpu9'")]
+    commands = ["serve", "--port", "0"], ["chat", "--terminal"]
+    bad_model, bad_temp, empty, typo, *outs = run_all(
+        ("generate", "--target", "no-such-model", "hi"),
+        ("generate", "--target", str(tiny_folder), "--temperature", "-1", "hi"),
+        ("generate", "--target", str(tiny_folder), "--file", "/dev/null"),  # was answered
+        ("generate", "--target", str(tiny_folder), "--draft", "ngrams", "hi"),
+        *[("generate", "--target", str(tiny_folder), *args, "hi") for args, _ in bad],
+        *[(*command, "--target", str(tiny_folder), "--dtype", "fp64") for command in commands])
     assert bad_model.returncode == 2 and "unknown model" in bad_model.stderr and "Traceback" not in bad_model.stderr
-    bad_temp = run("generate", "--target", str(tiny_folder), "--temperature", "-1", "hi")
     assert bad_temp.returncode == 2 and "temperature" in bad_temp.stderr and "Traceback" not in bad_temp.stderr
-    for args, words in [(["--seed", "-1"], "seed"), (["--k", "abc"], "--k"), (["--no-such-flag"], "no-such-flag"),
-                        (["--trace", str(tiny_folder / "config.json" / "t.json")], "cannot write the trace"),
-                        (["--k", "0"], "--k must be from 1"), (["--max-new-tokens", "0"], "--max-new-tokens must"),
-                        (["--dtype", "bogus"], "--dtype 'bogus'"), (["--device", "tpu9"], "--device 'tpu9'")]:
-        out = run("generate", "--target", str(tiny_folder), *args, "hi")
+    for (args, words), out in zip(bad, outs):
         assert out.returncode == 2 and out.stderr.startswith("mirrorsd: error:") and words in out.stderr, out.stderr
         # (startswith: refused before the model loads, so no loading output comes first)
         assert "Traceback" not in out.stderr and "hint:" in out.stderr
-    empty = run("generate", "--target", str(tiny_folder), "--file", "/dev/null")  # was answered
     assert empty.returncode == 2 and "the prompt from --file /dev/null is empty" in empty.stderr, empty.stderr
-    for command in (["serve", "--port", "0"], ["chat", "--terminal"]):
-        out = run(*command, "--target", str(tiny_folder), "--dtype", "fp64")
+    for out in outs[len(bad):]:
         assert out.returncode == 2 and out.stderr.startswith("mirrorsd: error: --dtype 'fp64'"), out.stderr
-    typo = run("generate", "--target", str(tiny_folder), "--draft", "ngrams", "hi")
     assert typo.returncode == 2 and "did you mean 'ngram'" in typo.stderr and "chain[:PATH]" in typo.stderr
 
 
@@ -66,19 +69,19 @@ def test_default_generate_runs_offline_on_smollm2():
 
 @pytest.mark.integration
 def test_backend_choice_on_the_command_line_and_in_devices(tiny_folder):
-    torch_run = run("generate", "--backend", "torch", "--max-new-tokens", "8", "--json", "Say hello.")
-    assert torch_run.returncode == 0, torch_run.stderr
-    assert json.loads(torch_run.stdout)["stats"]["backend"] == "torch:cpu"
-    folder = run("generate", "--target", str(tiny_folder), "--max-new-tokens", "4", "--json", "--raw", "hi")
-    assert json.loads(folder.stdout)["stats"]["backend"] == "torch:cpu"  # auto: a folder is no GGUF
-    not_gguf = run("generate", "--target", str(tiny_folder), "--backend", "llamacpp", "hi")
-    assert not_gguf.returncode == 2 and "GGUF" in not_gguf.stderr and "Traceback" not in not_gguf.stderr
-    devices = run("devices")
-    assert devices.returncode == 0 and "auto -> llamacpp for GGUF models" in devices.stdout
     import torch
 
+    torch_run, folder, not_gguf, devices, on_cuda = run_all(
+        ("generate", "--backend", "torch", "--max-new-tokens", "8", "--json", "Say hello."),
+        ("generate", "--target", str(tiny_folder), "--max-new-tokens", "4", "--json", "--raw", "hi"),
+        ("generate", "--target", str(tiny_folder), "--backend", "llamacpp", "hi"),
+        ("devices",), ("devices", "--device", "cuda"))
+    assert torch_run.returncode == 0, torch_run.stderr
+    assert json.loads(torch_run.stdout)["stats"]["backend"] == "torch:cpu"
+    assert json.loads(folder.stdout)["stats"]["backend"] == "torch:cpu"  # auto: a folder is no GGUF
+    assert not_gguf.returncode == 2 and "GGUF" in not_gguf.stderr and "Traceback" not in not_gguf.stderr
+    assert devices.returncode == 0 and "auto -> llamacpp for GGUF models" in devices.stdout
     if not torch.cuda.is_available():  # it claimed the target would run on cuda
-        on_cuda = run("devices", "--device", "cuda")
         assert on_cuda.returncode == 0 and "torch sees no cuda device here" in on_cuda.stdout, on_cuda.stdout
         assert "runs on the CPU only" in on_cuda.stdout or "with GPU offload" in on_cuda.stdout
 
@@ -98,10 +101,10 @@ def test_datastore_build_info_and_generate_with_it(tiny_folder, tmp_path):
     assert forced.returncode == 0, forced.stderr
     common = ["--target", str(tiny_folder), "--max-new-tokens", "16", "--json", "--raw", "--dtype", "float32",
               "def f(x):"]
-    chain = json.loads(run("generate", "--draft", f"chain:{tmp_path / 'ds'}", *common).stdout)
-    plain = json.loads(run("generate", "--draft", "none", *common).stdout)
-    assert chain["token_ids"] == plain["token_ids"]
-    missing = run("generate", "--draft", f"retrieval:{tmp_path / 'nope'}", *common)
+    chain, plain, missing = run_all(("generate", "--draft", f"chain:{tmp_path / 'ds'}", *common),
+                                    ("generate", "--draft", "none", *common),
+                                    ("generate", "--draft", f"retrieval:{tmp_path / 'nope'}", *common))
+    assert json.loads(chain.stdout)["token_ids"] == json.loads(plain.stdout)["token_ids"]
     assert missing.returncode == 2 and "not a datastore" in missing.stderr
     (tmp_path / "ds" / "seg-00000.sa.npy").write_bytes(b"")  # looked like Ctrl-C: exit 130, no message
     cut = run("datastore", "info", str(tmp_path / "ds"))
@@ -139,25 +142,22 @@ def test_help_and_version_do_not_import_the_heavy_libraries():
 
 
 def test_prompt_from_stdin_a_file_and_a_system_message(tiny_folder, tmp_path):
-    import os
-    import subprocess
-
-    from helpers import CLI
+    from concurrent.futures import ThreadPoolExecutor
 
     base = ["generate", "--target", str(tiny_folder), "--max-new-tokens", "6", "--draft", "none", "--json"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
     def text(*args, stdin=None):
-        out = subprocess.run([*CLI, *base, *args], input=stdin, capture_output=True, text=True, timeout=300, env=env)
+        out = run(*base, *args, stdin=stdin)
         assert out.returncode == 0, out.stderr
         assert "mirrorsd: loading" in out.stderr  # said at once, before the model loads
         return json.loads(out.stdout)["text"]
 
-    direct = text("def quicksort(arr):")
     (tmp_path / "p.txt").write_text("def quicksort(arr):")
-    assert text("-", stdin="def quicksort(arr):") == direct
-    assert text("--file", str(tmp_path / "p.txt")) == direct
-    assert isinstance(text("def quicksort(arr):", "--system", "Answer in French."), str)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # independent runs, their start-ups overlapped
+        direct, piped, from_file, with_system = pool.map(lambda a: text(*a[0], stdin=a[1]), [
+            (("def quicksort(arr):",), None), (("-",), "def quicksort(arr):"), (("--file", str(tmp_path / "p.txt")), None),
+            (("def quicksort(arr):", "--system", "Answer in French."), None)])
+    assert piped == from_file == direct and isinstance(with_system, str)
     neither = run("generate", "--target", str(tiny_folder))
     assert neither.returncode == 2 and "stdin" in neither.stderr
 
@@ -170,17 +170,18 @@ def test_generate_with_a_json_schema_file(tiny_folder, tmp_path):
     (tmp_path / "schema.json").write_text(json.dumps(schema))
     common = ["--target", str(tiny_folder), "--max-new-tokens", "40", "--json", "--raw", "--dtype", "float32",
               "--json-schema", str(tmp_path / "schema.json"), "--logprobs", "1", "def f(x): return x"]
-    spec, plain = run("generate", *common, "--draft", "ngram"), run("generate", *common, "--draft", "none")
+    (tmp_path / "bad.json").write_text('{"type": "nonsense"}')
+    bad = [(["--json-schema", str(tmp_path / "bad.json")], "grammar is invalid"),
+           (["--json-schema", str(tmp_path / "missing.json")], "cannot read the JSON schema file"),
+           (["--regex", "(", "--grammar", str(tmp_path / "schema.json")], "at most one")]
+    spec, plain, *outs = run_all(("generate", *common, "--draft", "ngram"), ("generate", *common, "--draft", "none"),
+                                 *[("generate", "--target", str(tiny_folder), "--raw", *args, "hi") for args, _ in bad])
     assert spec.returncode == 0, spec.stderr
     a, b = json.loads(spec.stdout), json.loads(plain.stdout)
     assert a["token_ids"] == b["token_ids"] and a["finish_reason"] == "stop"
     jsonschema.validate(json.loads(a["text"]), schema)
     assert len(a["logprobs"]) == len(a["token_ids"]) and len(a["logprobs"][0]["top"]) == 1
-    (tmp_path / "bad.json").write_text('{"type": "nonsense"}')
-    for args, words in [(["--json-schema", str(tmp_path / "bad.json")], "grammar is invalid"),
-                        (["--json-schema", str(tmp_path / "missing.json")], "cannot read the JSON schema file"),
-                        (["--regex", "(", "--grammar", str(tmp_path / "schema.json")], "at most one")]:
-        out = run("generate", "--target", str(tiny_folder), "--raw", *args, "hi")
+    for (_, words), out in zip(bad, outs):
         assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
@@ -201,8 +202,7 @@ def test_files_that_are_not_what_a_command_expects_are_errors_not_tracebacks(tmp
         ["datastore", "build", str(good), "--out", str(a_file)],
         ["datastore", "build", str(good), "--out", str(tmp_path / "ds2"), "--segment-tokens", "0"],
     ]
-    for args in cases:
-        r = run(*args)
+    for args, r in zip(cases, run_all(*cases)):
         assert r.returncode == 2 and "mirrorsd: error:" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
     cache_is_a_file = run("generate", "--max-new-tokens", "2", "hi", env={"MIRRORSD_CACHE": str(a_file)})
     assert cache_is_a_file.returncode == 2 and "Traceback" not in cache_is_a_file.stderr, cache_is_a_file.stderr
@@ -228,13 +228,14 @@ def test_the_old_verifier_device_spelling_is_a_hidden_alias_of_device():
 def test_the_earlier_names_of_the_pipeline_off_and_the_target_export_are_hidden_aliases(tiny_folder, tmp_path):
     """`--pipeline sequential` is the pipeline off; `--role verifier` a target export; `--verifier-export` the
     bench's --target-export: accepted, and absent from the help."""
-    shown = run("generate", "--help").stdout + run("export", "--help").stdout + run("bench", "--help").stdout
+    *helps, out, export = run_all(
+        ("generate", "--help"), ("export", "--help"), ("bench", "--help"),
+        ("generate", "--target", str(tiny_folder), "--draft", "ngram", "--pipeline", "sequential", "--raw",
+         "--max-new-tokens", "4", "--json", "def f(x):"),
+        ("export", "--role", "verifier", "--model", str(tiny_folder), "--out", str(tmp_path / "t"), "--no-validate"))
+    shown = "".join(h.stdout for h in helps)
     assert "sequential" not in shown and "verifier" not in shown and "--target-export" in shown
-    out = run("generate", "--target", str(tiny_folder), "--draft", "ngram", "--pipeline", "sequential", "--raw",
-              "--max-new-tokens", "4", "--json", "def f(x):")
     assert out.returncode == 0 and json.loads(out.stdout)["stats"]["pipeline"] == "off", out.stderr
-    export = run("export", "--role", "verifier", "--model", str(tiny_folder), "--out", str(tmp_path / "t"),
-                 "--no-validate")
     assert export.returncode == 0, export.stderr
     assert json.loads((tmp_path / "t" / "manifest.json").read_text())["role"] == "target"
 

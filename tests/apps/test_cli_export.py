@@ -9,7 +9,7 @@ import pytest
 
 from mirrorsd import Engine, GenerationConfig
 
-from helpers import run  # (tiny_folder is a conftest fixture)
+from helpers import run, run_all  # (tiny_folder is a conftest fixture)
 
 
 def test_devices_on_this_machine_keeps_the_model_free_chain():
@@ -50,7 +50,7 @@ def test_export_shows_each_phase_with_its_time_and_a_validation_table(export_run
 def test_the_tools_noise_is_hidden_unless_verbose(tiny_folder, tmp_path):
     common = ["export", "--model", str(tiny_folder), "--max-context", "128", "--prefill-chunk", "8", "--quant", "int8",
               "--no-validate"]
-    quiet, verbose = run(*common, "--out", str(tmp_path / "q")), run(*common, "--out", str(tmp_path / "v"), "--verbose")
+    quiet, verbose = run_all((*common, "--out", str(tmp_path / "q")), (*common, "--out", str(tmp_path / "v"), "--verbose"))
     assert quiet.returncode == verbose.returncode == 0, quiet.stderr + verbose.stderr
     assert "WARNING" in verbose.stderr  # onnxruntime's static quantizer warns on the root logger
     assert "WARNING" not in quiet.stderr, quiet.stderr
@@ -61,26 +61,27 @@ def test_the_tools_noise_is_hidden_unless_verbose(tiny_folder, tmp_path):
 
 def test_a_failed_validation_says_which_check_failed_and_exits_1(tiny_folder, exported, tmp_path):
     out = tmp_path / "strict"
-    strict = run("export", "--model", str(tiny_folder), "--out", str(out), "--max-context", "128",
-                 "--prefill-chunk", "8", "--atol", "1e-9")  # ONNX Runtime is not bit-exact with PyTorch
+    strict, again, bad = run_all(("export", "--model", str(tiny_folder), "--out", str(out), "--max-context", "128",
+                                  "--prefill-chunk", "8", "--atol", "1e-9"),  # ONNX Runtime is not bit-exact with PyTorch
+                                 ("export", "--validate", str(exported), "--atol", "1e-9", "--json"),
+                                 ("export", "--validate", str(exported), "--min-top1", "2"))
     assert strict.returncode == 1, strict.stderr
     assert re.search(r"mirrorsd: validation FAILED: max \|logit diff\| \S+ \(needs <= 1e-09\)", strict.stderr)
     assert "validation: FAILED" in strict.stdout and "FAILED" in strict.stdout.split("max |logit diff|")[1]
     assert json.loads((out / "manifest.json").read_text())["validation"]["passed"] is False  # kept, with its report
-    again = run("export", "--validate", str(exported), "--atol", "1e-9", "--json")
     assert again.returncode == 1 and "validation FAILED: max |logit diff|" in again.stderr
     report = json.loads(again.stdout)  # --json: the report alone on stdout
     assert report["passed"] is False and report["checks"][0]["threshold"] == "<= 1e-09"
-    bad = run("export", "--validate", str(exported), "--min-top1", "2")
     assert bad.returncode == 2 and bad.stderr.startswith("mirrorsd: error: --atol must be >= 0")
 
 
 def test_export_validate_and_generate_with_the_export(exported, tiny_folder):  # noqa: F811
-    check = run("export", "--validate", str(exported), "--json")
+    common = ["--target", str(tiny_folder), "--raw", "--max-new-tokens", "40", "--json"]
+    check, with_export = run_all(("export", "--validate", str(exported), "--json"),
+                                 ("generate", *common, "--draft", str(exported), "--verifier-device", "cpu",
+                                  "def f(x): return x"))
     assert check.returncode == 0, check.stderr
     assert json.loads(check.stdout)["max_abs_logit_diff"] <= 1e-4
-    common = ["--target", str(tiny_folder), "--raw", "--max-new-tokens", "40", "--json"]
-    with_export = run("generate", *common, "--draft", str(exported), "--verifier-device", "cpu", "def f(x): return x")
     assert with_export.returncode == 0, with_export.stderr
     a = json.loads(with_export.stdout)
     plain = Engine.load(target=str(tiny_folder), draft="none", device="cpu")  # --device stays an alias

@@ -294,8 +294,11 @@ def test_llamacpp_rows_on_the_catalog_gguf(tmp_path):
     from mirrorsd.apps.bench.configs import CPP_TARGET_ONLY
 
     rows = (CPP_TARGET_ONLY, "llama-cpp-python generate", "n-gram, llama.cpp (ours)", "prompt lookup (llama-cpp-python)")
-    report = run_bench(BenchOptions(target="smollm2-135m", draft_model=None, per_category=1, max_new_tokens=16,
-                                    repeats=1, only=rows, out=str(tmp_path)), datastore=None)
+    prompts = tmp_path / "prompts.jsonl"  # two of the suite's categories: the rows, not the suite, are checked here
+    prompts.write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for p, c in (
+        ("def fibonacci(n):\n    ", "code"), ("List three colors, one per line, then repeat the list.", "chat"))))
+    report = run_bench(BenchOptions(target="smollm2-135m", draft_model=None, prompts_file=str(prompts),
+                                    max_new_tokens=16, repeats=1, only=rows, out=str(tmp_path)), datastore=None)
     by_name = {r["configuration"]: r for r in report["rows"]}
     assert list(by_name) == list(rows)  # no torch row was asked for, so none ran
     for r in by_name.values():

@@ -144,6 +144,24 @@ def test_a_verdict_is_measured_once_and_kept(tmp_path, monkeypatch):
     assert len(checks) == 2
 
 
+def test_a_verdict_on_llamacpps_kernels_is_kept_whatever_torchs_thread_count(tmp_path, monkeypatch):
+    """llama.cpp's passes do not run on torch's threads: a process with another torch thread count (a script, the
+    CLI beside the SDK) reads the verdict instead of checking again; a torch backend's verdict is its threads' own."""
+    import torch
+
+    monkeypatch.setenv("MIRRORSD_CALIBRATIONS", str(tmp_path / "calibrations.json"))
+    threads, checks = torch.get_num_threads(), []
+    try:
+        for n in (threads, threads + 1):
+            torch.set_num_threads(n)
+            assert invariance_verdict("llama.cpp's", lambda: checks.append("llama.cpp") or n == threads,
+                                      torch_threads=False)
+            assert invariance_verdict("torch's", lambda: checks.append("torch") or True)
+    finally:
+        torch.set_num_threads(threads)
+    assert checks == ["llama.cpp", "torch", "torch"]
+
+
 def test_a_llamacpp_load_imports_no_torch_model_code():
     """The fixed-shape option costs a GGUF load nothing at start-up: no transformers modelling code (seconds)."""
     import subprocess
