@@ -9,8 +9,8 @@ from helpers import run, run_all
 
 def test_generate_json_on_a_local_folder_matches_target_only(tiny_folder):
     common = ["--target", str(tiny_folder), "--max-new-tokens", "24", "--json", "--raw", "--dtype", "float32"]
-    spec = run("generate", *common, "--draft", "ngram", "def f(x): return x")
-    plain = run("generate", *common, "--draft", "none", "def f(x): return x")
+    spec, plain = run_all(("generate", *common, "--draft", "ngram", "def f(x): return x"),
+                          ("generate", *common, "--draft", "none", "def f(x): return x"))
     assert spec.returncode == 0, spec.stderr
     a, b = json.loads(spec.stdout), json.loads(plain.stdout)
     assert a["token_ids"] == b["token_ids"] and len(a["token_ids"]) >= 1

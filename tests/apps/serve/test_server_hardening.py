@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from drafters_for_tests import PacedDrafter
-from helpers import run, wait_idle
+from helpers import run, run_all, wait_idle
 from mirrorsd import Engine
 from mirrorsd.apps.serve.openai_api import BackgroundServer, ServerLimits, create_app
 from mirrorsd.errors import ConfigError
@@ -196,15 +196,16 @@ def test_shutdown_answers_running_and_queued_requests_with_503(slow_engine, erro
 def test_serve_refuses_an_empty_key_a_bad_port_and_a_busy_port(tiny_folder):
     import socket
 
-    out = run("serve", "--target", str(tiny_folder), "--api-key", "")
-    assert out.returncode == 2 and "api-key is empty" in out.stderr and "Traceback" not in out.stderr
-    for port in ("-1", "99999"):
-        out = run("serve", "--target", str(tiny_folder), "--port", port)
-        assert out.returncode == 2 and "out of range" in out.stderr, out.stderr
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        out = run("serve", "--target", str(tiny_folder), "--port", str(busy.getsockname()[1]))
+        empty_key, *bad_ports, out = run_all(
+            ("serve", "--target", str(tiny_folder), "--api-key", ""),
+            *[("serve", "--target", str(tiny_folder), "--port", port) for port in ("-1", "99999")],
+            ("serve", "--target", str(tiny_folder), "--port", str(busy.getsockname()[1])))
+    assert empty_key.returncode == 2 and "api-key is empty" in empty_key.stderr and "Traceback" not in empty_key.stderr
+    for bad in bad_ports:
+        assert bad.returncode == 2 and "out of range" in bad.stderr, bad.stderr
     assert out.returncode == 2 and "cannot listen" in out.stderr and "Traceback" not in out.stderr
     assert "Loading" not in out.stderr  # refused before the model loaded
 
