@@ -94,13 +94,14 @@ def run(*args, env=None, stdin=None):
                           env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
 
 
-def run_all(*commands, env=None):
+def run_all(*commands, env=None, stdin=None):
     """run(*args) for each of a test's independent commands, as many at once as there are cores: their start-ups
-    (torch's import, a model's load) overlap instead of adding up. Results in the commands' order."""
+    (torch's import, a model's load) overlap instead of adding up. Results in the commands' order; stdin goes to
+    each (only a command that reads it, as generate's '-', sees it)."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        return list(pool.map(lambda args: run(*args, env=env), commands))
+        return list(pool.map(lambda args: run(*args, env=env, stdin=stdin), commands))
 
 
 def decode_steps(target, drafter, prompt_ids, config, max_new_tokens: int, mode: str = "branches"):

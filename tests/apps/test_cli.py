@@ -142,21 +142,17 @@ def test_help_and_version_do_not_import_the_heavy_libraries():
 
 
 def test_prompt_from_stdin_a_file_and_a_system_message(tiny_folder, tmp_path):
-    from concurrent.futures import ThreadPoolExecutor
-
     base = ["generate", "--target", str(tiny_folder), "--max-new-tokens", "6", "--draft", "none", "--json"]
 
-    def text(*args, stdin=None):
-        out = run(*base, *args, stdin=stdin)
+    def text(out):
         assert out.returncode == 0, out.stderr
         assert "mirrorsd: loading" in out.stderr  # said at once, before the model loads
         return json.loads(out.stdout)["text"]
 
     (tmp_path / "p.txt").write_text("def quicksort(arr):")
-    with ThreadPoolExecutor(max_workers=2) as pool:  # independent runs, their start-ups overlapped
-        direct, piped, from_file, with_system = pool.map(lambda a: text(*a[0], stdin=a[1]), [
-            (("def quicksort(arr):",), None), (("-",), "def quicksort(arr):"), (("--file", str(tmp_path / "p.txt")), None),
-            (("def quicksort(arr):", "--system", "Answer in French."), None)])
+    direct, piped, from_file, with_system = map(text, run_all(
+        (*base, "def quicksort(arr):"), (*base, "-"), (*base, "--file", str(tmp_path / "p.txt")),
+        (*base, "def quicksort(arr):", "--system", "Answer in French."), stdin="def quicksort(arr):"))
     assert piped == from_file == direct and isinstance(with_system, str)
     neither = run("generate", "--target", str(tiny_folder))
     assert neither.returncode == 2 and "stdin" in neither.stderr
