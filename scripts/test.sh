@@ -17,7 +17,8 @@ if [ "${1:-}" = --quick ]; then
         tests/sdk tests/runtime tests/devices tests/test_architecture.py "$@"
 fi
 # The tests that serve handoff folders with a real vLLM (tests/apps/handoff/test_vllm_served.py) need its environment,
-# .venv-vllm (scripts/setup_vllm.sh: about two minutes and 3.4 GB the first time). MIRRORSD_VLLM=0 leaves it out
+# .venv-vllm (scripts/setup_vllm.sh: about two minutes and 3.4 GB the first time on a machine, in the cache folder,
+# then seconds per checkout). MIRRORSD_VLLM=0 leaves it out
 # and skips them; where vLLM cannot be installed they skip, saying why.
 if [ -z "${MIRRORSD_VLLM_PYTHON:-}" ] && [ "${MIRRORSD_VLLM:-1}" != 0 ]; then
     LOG=$(mktemp)

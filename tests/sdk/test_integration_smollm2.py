@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -21,9 +23,14 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smol():
+    # torch on two threads, as a user's process runs it, not the suite's one: a float32 step of this model reads
+    # 540 MB of weights, and one thread's share of the memory bandwidth made this file minutes longer
+    threads = torch.get_num_threads()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
     engine = Engine.load(target="smollm2-135m", draft="none", backend="torch")  # dtype: float32
     yield engine
     engine.close()
+    torch.set_num_threads(threads)
 
 
 def hf_greedy(engine, ids, n):
@@ -124,9 +131,24 @@ CPP_PROMPTS = PROMPTS + [[{"role": "user", "content": "Write a haiku about the s
                          [{"role": "user", "content": "Write a Python function that reverses a string."}]]
 
 
+@pytest.fixture(scope="module")
+def smol_cpp_greedy(smol_cpp):
+    """Each prompt's ids and llama.cpp's target-only greedy tokens (no EOS stop), decoded once, before any drafter
+    ran: a drafter that left state behind would show against them."""
+    smol_cpp.eos_ids, saved = frozenset(), smol_cpp.eos_ids
+    smol_cpp.drafter = None
+    try:
+        runs = [(ids, smol_cpp.generate(ids, GenerationConfig(max_new_tokens=40)))
+                for ids in map(smol_cpp.encode, CPP_PROMPTS)]
+    finally:
+        smol_cpp.eos_ids = saved
+    assert all(result.stats.backend == "llamacpp:cpu" for _, result in runs)
+    return [(ids, result.token_ids) for ids, result in runs]
+
+
 @pytest.mark.parametrize("mode", ["off", "overlap", "branches"])
 @pytest.mark.parametrize("kind", ["ngram", "chain", "self-draft", "random"])
-def test_greedy_equality_on_smollm2_on_llamacpp(smol_cpp, kind, mode):
+def test_greedy_equality_on_smollm2_on_llamacpp(smol_cpp, smol_cpp_greedy, kind, mode):
     """The catalog's Q4_1 GGUF as it is: every drafter in every mode gives exactly llama.cpp's own target-only
     tokens (its verify passes are batch-invariant: no allowance of any kind)."""
     from mirrorsd.runtime.backends.llamacpp_lm import LlamaCppLM
@@ -136,21 +158,17 @@ def test_greedy_equality_on_smollm2_on_llamacpp(smol_cpp, kind, mode):
     smol_cpp.eos_ids, saved = frozenset(), smol_cpp.eos_ids
     cfg = GenerationConfig(max_new_tokens=40, pipeline=mode)
     try:
-        for messages in CPP_PROMPTS:
-            ids = smol_cpp.encode(messages)
-            smol_cpp.drafter = None
-            target_only = smol_cpp.generate(ids, cfg)
-            assert target_only.stats.backend == "llamacpp:cpu"
+        for ids, target_only in smol_cpp_greedy:
             smol_cpp.drafter = {"ngram": NGramDrafter,
                                 "chain": lambda: make_drafter("chain", smol_cpp.tokenizer, "smollm2-135m"),
                                 "random": lambda: RandomTokenDrafter(smol_cpp.target.vocab_size),
                                 "self-draft": lambda: ModelDrafter(LlamaCppLM(smol_cpp.target.path))}[kind]()
             spec = smol_cpp.generate(ids, cfg)
-            assert spec.token_ids == target_only.token_ids, (messages, mode)
+            assert spec.token_ids == target_only, (smol_cpp.tokenizer.decode(ids), mode)
             if kind == "self-draft" and mode == "off":  # its own one-token decoding: all accepted
                 fixed = smol_cpp.generate(ids, GenerationConfig(max_new_tokens=40, pipeline="off",
                                                                 adaptive_k=False, num_draft_tokens=4))
-                assert fixed.token_ids == target_only.token_ids
+                assert fixed.token_ids == target_only
                 drafted, accepted = fixed.stats.drafter_tokens[smol_cpp.drafter.name]
                 assert drafted > 0 and accepted == drafted, fixed.stats.drafter_tokens
     finally:
