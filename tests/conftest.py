@@ -106,6 +106,17 @@ def _no_hub():
     torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="module")
+def torch_on_two_threads():
+    """torch on two threads (where there are two cores) for a module that runs a catalog model in float32 in the test
+    process, as a user's process would: the suite's one thread suits the tiny models, but a smollm2 step reads 540 MB
+    of weights, and one thread's share of the memory bandwidth made such modules minutes longer."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _user_data(tmp_path_factory):
     """Saved chats and the terminal chat's history go to a scratch folder, never the user's own."""

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def smol_export(tmp_path_factory):
+def smol_export(tmp_path_factory, torch_on_two_threads):
     folder = tmp_path_factory.mktemp("smol") / "npu"
     return folder, export_draft("smollm2-135m", folder, profile="npu", max_context=256, prefill_chunk=16)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -22,15 +20,10 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def smol():
-    # torch on two threads, as a user's process runs it, not the suite's one: a float32 step of this model reads
-    # 540 MB of weights, and one thread's share of the memory bandwidth made this file minutes longer
-    threads = torch.get_num_threads()
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+def smol(torch_on_two_threads):
     engine = Engine.load(target="smollm2-135m", draft="none", backend="torch")  # dtype: float32
     yield engine
     engine.close()
-    torch.set_num_threads(threads)
 
 
 def hf_greedy(engine, ids, n):

@@ -29,7 +29,7 @@ IN_ONE_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 @pytest.fixture(scope="module")
-def ours():
+def ours(torch_on_two_threads):
     from mirrorsd import Engine, GenerationConfig
 
     with Engine.load("smollm2-135m", draft="none", backend="torch", dtype="float32") as engine:
