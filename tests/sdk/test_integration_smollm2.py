@@ -32,16 +32,20 @@ def hf_greedy(engine, ids, n):
     return out[0, len(ids):].tolist()
 
 
+def target_only_runs(engine, prompts, n):
+    """Each prompt's ids and the engine's target-only result of n greedy tokens (no EOS stop)."""
+    engine.eos_ids, saved = frozenset(), engine.eos_ids
+    engine.drafter = None
+    try:
+        return [(ids, engine.generate(ids, GenerationConfig(max_new_tokens=n))) for ids in map(engine.encode, prompts)]
+    finally:
+        engine.eos_ids = saved
+
+
 @pytest.fixture(scope="module")
 def smol_greedy(smol):
     """Each prompt's ids and target-only greedy tokens (no EOS stop), checked once against transformers' generate."""
-    smol.eos_ids, saved = frozenset(), smol.eos_ids
-    smol.drafter = None
-    try:
-        runs = [(ids, smol.generate(ids, GenerationConfig(max_new_tokens=48)).token_ids)
-                for ids in map(smol.encode, PROMPTS)]
-    finally:
-        smol.eos_ids = saved
+    runs = [(ids, result.token_ids) for ids, result in target_only_runs(smol, PROMPTS, 48)]
     for ids, target_only in runs:
         assert target_only == hf_greedy(smol, ids, 48)
     return runs
@@ -128,13 +132,7 @@ CPP_PROMPTS = PROMPTS + [[{"role": "user", "content": "Write a haiku about the s
 def smol_cpp_greedy(smol_cpp):
     """Each prompt's ids and llama.cpp's target-only greedy tokens (no EOS stop), decoded once, before any drafter
     ran: a drafter that left state behind would show against them."""
-    smol_cpp.eos_ids, saved = frozenset(), smol_cpp.eos_ids
-    smol_cpp.drafter = None
-    try:
-        runs = [(ids, smol_cpp.generate(ids, GenerationConfig(max_new_tokens=40)))
-                for ids in map(smol_cpp.encode, CPP_PROMPTS)]
-    finally:
-        smol_cpp.eos_ids = saved
+    runs = target_only_runs(smol_cpp, CPP_PROMPTS, 40)
     assert all(result.stats.backend == "llamacpp:cpu" for _, result in runs)
     return [(ids, result.token_ids) for ids, result in runs]
 
