@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Build llama.cpp from the source llama-cpp-python vendors, with the batch-invariant patch (inert unless switched
 # on), as a variant the wheel is not:
-#   avx2    llama.cpp's libraries (libllama, libggml*) for AVX2 + FMA + F16C without AVX-512 (most x86 laptops), so
-#           the patch's kernels for that level are built and tested even where the CPU has more; llama-cpp-python
-#           loads them instead of its own with LLAMA_CPP_LIB_PATH=FOLDER (tests/runtime/backends/
-#           test_invariance_variants.py); beside them, scripts/kernel_invariance.cpp linked against them
-#           (tests/runtime/backends/test_invariance_variants.py runs it), and scripts/kernel_bound.cpp, what a row
-#           costs the AVX2 multi-row kernels against the core's multiplier (docs/exactness.md). About two minutes.
+#   avx2    ggml's libraries for AVX2 + FMA + F16C without AVX-512 (most x86 laptops), beside a copy of .venv's
+#           libllama (scripts/setup.sh first), so the patch's kernels for that level are built and tested even where
+#           the CPU has more; llama-cpp-python loads them instead of its own with LLAMA_CPP_LIB_PATH=FOLDER
+#           (tests/runtime/backends/test_invariance_variants.py); beside them, scripts/kernel_invariance.cpp linked
+#           against them (tests/runtime/backends/test_invariance_variants.py runs it), and scripts/kernel_bound.cpp,
+#           what a row costs the AVX2 multi-row kernels against the core's multiplier (docs/exactness.md). About
+#           two minutes.
 #   server  llama-server for this CPU, stock: llama.cpp as vendored, without the patch (which also changes one-row
 #           kernels on AVX2), the peer `mirrorsd bench --peers llama-server` measures beside ours
 #           (apps/bench/llama_server.py). About five minutes.
@@ -31,9 +32,13 @@ VARIANT=${1:-avx2}
 TOOLS=OFF CPU="" EXTRA="" PATCHED=1
 case "$VARIANT" in
     avx2) FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF"
-          TARGET=llama PRODUCT=lib/kernel_invariance
-          EXTRA=$(cat scripts/kernel_invariance.cpp scripts/kernel_bound.cpp | cksum)  # part of the product
-          [ "$(uname -m)" = x86_64 ] || { echo "the avx2 variant is an x86-64 build; this machine is $(uname -m)" >&2; exit 3; } ;;
+          TARGET=ggml PRODUCT=lib/kernel_invariance
+          [ "$(uname -m)" = x86_64 ] || { echo "the avx2 variant is an x86-64 build; this machine is $(uname -m)" >&2; exit 3; }
+          # libllama holds no kernels: the wheel's (scripts/setup.sh) goes beside these ggml libraries, which it
+          # loads from its own folder, rather than compiling it again
+          LLAMA_LIB=$(ls "$PWD"/.venv/lib/python*/site-packages/llama_cpp/lib/libllama.so 2>/dev/null | head -n 1)
+          [ -f "$LLAMA_LIB" ] || { echo "the avx2 variant takes libllama from .venv: run scripts/setup.sh first" >&2; exit 3; }
+          EXTRA=$(cat scripts/kernel_invariance.cpp scripts/kernel_bound.cpp "$LLAMA_LIB" | cksum) ;;  # the product's
     server) FLAGS="-DGGML_NATIVE=ON" TARGET=llama-server PRODUCT=lib/llama-server TOOLS=ON PATCHED=0
             CPU=$(grep -m 1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null || true)  # a native build is this CPU's
             # as scripts/setup.sh builds the wheel: without AMX (its matmul died with SIGILL on a Xeon here)
@@ -103,7 +108,8 @@ if [ ! -f "$OUT/$PRODUCT" ]; then
     cmake --build "$SRC/build" --target "$TARGET" -j "$(nproc 2>/dev/null || echo 2)" >&2
     mkdir -p "$OUT.tmp/lib"
     cp -P "$SRC"/build/bin/lib*.so* "$OUT.tmp/lib/"
-    [ "$TARGET" = llama ] || cp "$SRC/build/bin/$TARGET" "$OUT.tmp/lib/"
+    [ -z "${LLAMA_LIB:-}" ] || cp -P "$(dirname "$LLAMA_LIB")"/libllama.so* "$OUT.tmp/lib/"
+    [ "$TARGET" = llama ] || [ "$TARGET" = ggml ] || cp "$SRC/build/bin/$TARGET" "$OUT.tmp/lib/"
     if [ "$VARIANT" = avx2 ]; then
         g++ -O2 -std=c++17 -I"$VENDOR/ggml/include" scripts/kernel_invariance.cpp -L"$SRC/build/bin" \
             -lggml -lggml-base -lggml-cpu -Wl,-rpath,'$ORIGIN' -o "$OUT.tmp/lib/kernel_invariance"

@@ -24,6 +24,7 @@ fi
 # position exactly the logits of one-token decoding (docs/exactness.md). The wheel is cached per CPU,
 # build flags and patch (pip's own cache is keyed by the source alone, and would reuse a build from
 # another CPU or without the patch), and reinstalled when they change.
+TORCH="torch==2.13.0"
 LLAMA=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml | head -n 1)
 PATCH=$PWD/scripts/patches/ggml-cpu-batch-invariant.patch
 KEY=$(printf '%s|' "$LLAMA" "$CMAKE_ARGS" "${CFLAGS-}" "${CXXFLAGS-}" "$(uname -sm)" "$(cksum < "$PATCH")" \
@@ -32,14 +33,21 @@ KEY=$(printf '%s|' "$LLAMA" "$CMAKE_ARGS" "${CFLAGS-}" "${CXXFLAGS-}" "$(uname -
 if [ "$(cat .venv/.llama-cpp-build 2>/dev/null)" != "$KEY" ]; then
     WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/mirrorsd/llama-cpp-wheels/$KEY"
     if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+        # torch, the largest download, installs while llama.cpp compiles (a failure shows again below)
+        .venv/bin/python -m pip install -q "$TORCH" > /dev/null 2>&1 &
+        TORCH_PID=$!
         SRC=$(mktemp -d)
         .venv/bin/python -m pip download -q --no-deps --no-binary :all: "$LLAMA" -d "$SRC"
         tar xzf "$SRC"/llama_cpp_python-*.tar.gz -C "$SRC"
+        # llama-cpp-python also builds llama.cpp's `common` library (for its tools; neither its bindings nor mirrorsd
+        # load it): switched off, it was about a third of the compile
+        sed -i 's/set(LLAMA_BUILD_COMMON ON /set(LLAMA_BUILD_COMMON OFF /' "$SRC"/llama_cpp_python-*/CMakeLists.txt
         (cd "$SRC"/llama_cpp_python-*/ && git apply -p1 --directory=vendor/llama.cpp "$PATCH")
         .venv/bin/python -m pip wheel -q --no-deps -w "$WHEELS" "$SRC"/llama_cpp_python-*/
         rm -rf "$SRC"
+        wait "$TORCH_PID" || true
     fi
     .venv/bin/python -m pip install -q --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
     echo "$KEY" > .venv/.llama-cpp-build
 fi
-.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[test]"
+.venv/bin/python -m pip install -q "$TORCH" -e ".[test]"

@@ -9,27 +9,39 @@ cd "$(dirname "$0")/.."
 # Each setup step's time goes to stderr (a CI log then shows where a run's minutes went).
 lap() { echo "setup: $1 took $((SECONDS - LAP)) s" >&2; LAP=$SECONDS; }
 LAP=$SECONDS
+QUICK=0
+[ "${1:-}" != --quick ] || { QUICK=1; shift; }
+# Debian's cross compiler and qemu-user for the ARM64 kernel check (below), installed where they are missing and
+# apt-get can (about a minute), while the rest sets up. Bounded: an unreachable mirror costs five minutes at most,
+# and the check then skips.
+ARM64_PKGS="gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user"
+ARM64_LOG=$(mktemp)
+APT_PID=
+if [ $QUICK = 0 ] && [ -z "${MIRRORSD_KERNEL_ARM64:-}" ] && [ "${MIRRORSD_ARM64:-1}" != 0 ] \
+        && { ! command -v aarch64-linux-gnu-g++ > /dev/null || ! command -v qemu-aarch64 > /dev/null; } \
+        && [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    APT="timeout 300 apt-get -q -o Acquire::http::Timeout=20 -o Acquire::Retries=1"
+    (DEBIAN_FRONTEND=noninteractive $APT install -y $ARM64_PKGS \
+        || { $APT update && DEBIAN_FRONTEND=noninteractive $APT install -y $ARM64_PKGS; } || true) > "$ARM64_LOG" 2>&1 &
+    APT_PID=$!
+fi
 bash scripts/setup.sh
 lap ".venv (scripts/setup.sh)"
-if [ "${1:-}" = --quick ]; then
-    shift
+if [ $QUICK = 1 ]; then
+    rm -f "$ARM64_LOG"
     exec .venv/bin/python -m pytest -q -m "not integration and not vllm and not slow" --durations=5 \
         tests/sdk tests/runtime tests/devices tests/test_architecture.py "$@"
 fi
 # The tests that serve handoff folders with a real vLLM (tests/apps/handoff/test_vllm_served.py) need its environment,
 # .venv-vllm (scripts/setup_vllm.sh: about two minutes and 3.4 GB the first time on a machine, in the cache folder,
-# then seconds per checkout). MIRRORSD_VLLM=0 leaves it out
-# and skips them; where vLLM cannot be installed they skip, saying why.
+# then seconds per checkout), installed (mostly downloading and unpacking) while the builds below compile.
+# MIRRORSD_VLLM=0 leaves it out and skips them; where vLLM cannot be installed they skip, saying why.
+VLLM_PID=
 if [ -z "${MIRRORSD_VLLM_PYTHON:-}" ] && [ "${MIRRORSD_VLLM:-1}" != 0 ]; then
-    LOG=$(mktemp)
-    if VLLM_PY=$(bash scripts/setup_vllm.sh 2>"$LOG" | tail -n 1) && [ -x "$VLLM_PY" ]; then
-        export MIRRORSD_VLLM_PYTHON="$VLLM_PY"
-    else
-        export MIRRORSD_VLLM_UNAVAILABLE="scripts/setup_vllm.sh failed: $(tail -n 3 "$LOG" | tr '\n' ' ')"
-        echo "vLLM tests will skip: $MIRRORSD_VLLM_UNAVAILABLE" >&2
-    fi
-    rm -f "$LOG"
-    lap "vLLM's environment (scripts/setup_vllm.sh)"
+    VLLM_OUT=$(mktemp) VLLM_LOG=$(mktemp)
+    (START=$(date +%s); bash scripts/setup_vllm.sh > "$VLLM_OUT" 2> "$VLLM_LOG"
+     echo "setup: vLLM's environment (scripts/setup_vllm.sh, beside the builds) took $(($(date +%s) - START)) s" >&2) &
+    VLLM_PID=$!
 fi
 # The batch-invariant kernels for AVX2 without AVX-512 are built and tested on every x86-64 machine with AVX2
 # (tests/runtime/backends/test_invariance_variants.py): scripts/build_llama_variant.sh, about two minutes the first
@@ -47,29 +59,29 @@ if [ -z "${MIRRORSD_LLAMA_AVX2:-}" ] && [ "${MIRRORSD_AVX2:-1}" != 0 ] && [ "$(u
     lap "the AVX2 build"
 fi
 # The same kernels for ARM64 (NEON with dotprod, and with i8mm), checked at the kernel level under qemu-user
-# (tests/runtime/backends/test_kernel_invariance.py): Debian's cross compiler and qemu-user, installed here where
-# apt-get can (about a minute), and scripts/build_llama_variant.sh arm64 (about a minute). MIRRORSD_ARM64=0 leaves
-# it out.
+# (tests/runtime/backends/test_kernel_invariance.py): Debian's cross compiler and qemu-user (installed above), and
+# scripts/build_llama_variant.sh arm64 (about two minutes). MIRRORSD_ARM64=0 leaves it out.
 if [ -z "${MIRRORSD_KERNEL_ARM64:-}" ] && [ "${MIRRORSD_ARM64:-1}" != 0 ]; then
-    LOG=$(mktemp)
-    PKGS="gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user"
-    if ! command -v aarch64-linux-gnu-g++ > /dev/null || ! command -v qemu-aarch64 > /dev/null; then
-        if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
-            # bounded: an unreachable mirror costs five minutes at most, and the check then skips
-            APT="timeout 300 apt-get -q -o Acquire::http::Timeout=20 -o Acquire::Retries=1"
-            DEBIAN_FRONTEND=noninteractive $APT install -y $PKGS > "$LOG" 2>&1 \
-                || { $APT update >> "$LOG" 2>&1 && DEBIAN_FRONTEND=noninteractive $APT install -y $PKGS >> "$LOG" 2>&1; } \
-                || true
-        fi
-    fi
-    if DIR=$(bash scripts/build_llama_variant.sh arm64 2>>"$LOG" | tail -n 1) && [ -d "$DIR" ]; then
+    [ -z "$APT_PID" ] || wait "$APT_PID" || true  # the packages (above)
+    if DIR=$(bash scripts/build_llama_variant.sh arm64 2>>"$ARM64_LOG" | tail -n 1) && [ -d "$DIR" ]; then
         export MIRRORSD_KERNEL_ARM64="$DIR"
     else
-        export MIRRORSD_KERNEL_ARM64_UNAVAILABLE="the ARM64 build failed ($PKGS needed): $(tail -n 3 "$LOG" | tr '\n' ' ')"
+        export MIRRORSD_KERNEL_ARM64_UNAVAILABLE="the ARM64 build failed ($ARM64_PKGS needed): $(tail -n 3 "$ARM64_LOG" | tr '\n' ' ')"
         echo "the ARM64 kernel check will skip: $MIRRORSD_KERNEL_ARM64_UNAVAILABLE" >&2
     fi
-    rm -f "$LOG"
     lap "the ARM64 build"
+fi
+rm -f "$ARM64_LOG"
+if [ -n "$VLLM_PID" ]; then
+    wait "$VLLM_PID" || true
+    if VLLM_PY=$(tail -n 1 "$VLLM_OUT") && [ -n "$VLLM_PY" ] && [ -x "$VLLM_PY" ]; then
+        export MIRRORSD_VLLM_PYTHON="$VLLM_PY"
+    else
+        export MIRRORSD_VLLM_UNAVAILABLE="scripts/setup_vllm.sh failed: $(tail -n 3 "$VLLM_LOG" | tr '\n' ' ')"
+        echo "vLLM tests will skip: $MIRRORSD_VLLM_UNAVAILABLE" >&2
+    fi
+    rm -f "$VLLM_OUT" "$VLLM_LOG"
+    lap "waiting for vLLM's environment"
 fi
 # A full disk shows up as scattered setup errors, so say it first: the suite's scratch space (model folders copied
 # into tmp_path, removed as each test passes) peaks at about 1.2 GB.
