@@ -6,8 +6,8 @@
 #           the CPU has more; llama-cpp-python loads them instead of its own with LLAMA_CPP_LIB_PATH=FOLDER
 #           (tests/runtime/backends/test_invariance_variants.py); beside them, scripts/kernel_invariance.cpp linked
 #           against them (tests/runtime/backends/test_invariance_variants.py runs it), and scripts/kernel_bound.cpp,
-#           what a row costs the AVX2 multi-row kernels against the core's multiplier (docs/exactness.md). About
-#           two minutes.
+#           what a row costs the AVX2 multi-row kernels against the core's multiplier (docs/exactness.md). About a
+#           minute and a half.
 #   server  llama-server for this CPU, stock: llama.cpp as vendored, without the patch (which also changes one-row
 #           kernels on AVX2), the peer `mirrorsd bench --peers llama-server` measures beside ours
 #           (apps/bench/llama_server.py). About five minutes.

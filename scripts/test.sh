@@ -9,15 +9,20 @@ cd "$(dirname "$0")/.."
 # Each setup step's time goes to stderr (a CI log then shows where a run's minutes went).
 lap() { echo "setup: $1 took $((SECONDS - LAP)) s" >&2; LAP=$SECONDS; }
 LAP=$SECONDS
-QUICK=0
-[ "${1:-}" != --quick ] || { QUICK=1; shift; }
+if [ "${1:-}" = --quick ]; then
+    shift
+    bash scripts/setup.sh
+    lap ".venv (scripts/setup.sh)"
+    exec .venv/bin/python -m pytest -q -m "not integration and not vllm and not slow" --durations=5 \
+        tests/sdk tests/runtime tests/devices tests/test_architecture.py "$@"
+fi
 # Debian's cross compiler and qemu-user for the ARM64 kernel check (below), installed where they are missing and
 # apt-get can (about a minute), while the rest sets up. Bounded: an unreachable mirror costs five minutes at most,
 # and the check then skips.
 ARM64_PKGS="gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user"
 ARM64_LOG=$(mktemp)
 APT_PID=
-if [ $QUICK = 0 ] && [ -z "${MIRRORSD_KERNEL_ARM64:-}" ] && [ "${MIRRORSD_ARM64:-1}" != 0 ] \
+if [ -z "${MIRRORSD_KERNEL_ARM64:-}" ] && [ "${MIRRORSD_ARM64:-1}" != 0 ] \
         && { ! command -v aarch64-linux-gnu-g++ > /dev/null || ! command -v qemu-aarch64 > /dev/null; } \
         && [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
     APT="timeout 300 apt-get -q -o Acquire::http::Timeout=20 -o Acquire::Retries=1"
@@ -27,11 +32,6 @@ if [ $QUICK = 0 ] && [ -z "${MIRRORSD_KERNEL_ARM64:-}" ] && [ "${MIRRORSD_ARM64:
 fi
 bash scripts/setup.sh
 lap ".venv (scripts/setup.sh)"
-if [ $QUICK = 1 ]; then
-    rm -f "$ARM64_LOG"
-    exec .venv/bin/python -m pytest -q -m "not integration and not vllm and not slow" --durations=5 \
-        tests/sdk tests/runtime tests/devices tests/test_architecture.py "$@"
-fi
 # The tests that serve handoff folders with a real vLLM (tests/apps/handoff/test_vllm_served.py) need its environment,
 # .venv-vllm (scripts/setup_vllm.sh: about two minutes and 3.4 GB the first time on a machine, in the cache folder,
 # then seconds per checkout), installed (mostly downloading and unpacking) while the builds below compile.
@@ -44,8 +44,8 @@ if [ -z "${MIRRORSD_VLLM_PYTHON:-}" ] && [ "${MIRRORSD_VLLM:-1}" != 0 ]; then
     VLLM_PID=$!
 fi
 # The batch-invariant kernels for AVX2 without AVX-512 are built and tested on every x86-64 machine with AVX2
-# (tests/runtime/backends/test_invariance_variants.py): scripts/build_llama_variant.sh, about two minutes the first
-# time. MIRRORSD_AVX2=0 leaves it out.
+# (tests/runtime/backends/test_invariance_variants.py): scripts/build_llama_variant.sh, about a minute and a half the
+# first time. MIRRORSD_AVX2=0 leaves it out.
 if [ -z "${MIRRORSD_LLAMA_AVX2:-}" ] && [ "${MIRRORSD_AVX2:-1}" != 0 ] && [ "$(uname -m)" = x86_64 ] \
         && grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
     LOG=$(mktemp)
