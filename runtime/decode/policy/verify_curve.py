@@ -3,12 +3,11 @@
 The K schedule needs it before a request has tried each K: on llama.cpp's CPU kernels the curve is
 neither linear nor monotone (a pass over 4 positions can cost less than one over 3, and a pass computes
 the output head at every row), so it is measured, once per target object and process, on a short
-context (well under a second on a small model, a few seconds on a 1.5B one), and kept here.
+context (a second or two on a small model, about ten seconds on a 1.5B one on two cores), and kept here.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 import weakref
 
@@ -22,22 +21,36 @@ _curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def measure(lm: CausalLM, max_k: int, repeats: int = REPEATS) -> tuple[float, ...]:
-    """Pass cost for K = 0..max_k drafted tokens in plain steps (index K; 1.0 at K = 0). Resets the cache."""
+    """Pass cost for K = 0..max_k drafted tokens in plain steps (index K; 1.0 at K = 0). Resets the cache.
+
+    Each pass is timed right after a plain step, so that load from elsewhere on the machine slows the pair
+    alike, and K's cost is the smaller of its pairs' ratios: load that starts, or a pause on one pass over K,
+    upsets one pair only. What the smaller ratio can get wrong, it gets wrong low (load that ends, or a pause,
+    between a pair's plain step and its pass), which the requests' own passes correct (VerifyCosts); a cost
+    measured high would cut every model-free draft of that length (match_classes.py), so that no request's pass
+    would measure it again, and the curve is kept across processes (calibrate.py)."""
     token = min(100, lm.vocab_size - 1)
     context = [token] * CONTEXT_TOKENS
     try:
         lm.score(context, [token] * max_k)  # prefill and warm up every shape's code path once
-        seconds = []
-        for k in range(max_k + 1):
-            times = []
+        curve = [1.0]
+        for k in range(1, max_k + 1):
+            ratios = []
             for _ in range(repeats):
-                start = time.perf_counter()
-                lm.score(context, [token] * k)  # the cache keeps the context: the pass feeds k + 1 positions
-                times.append(time.perf_counter() - start)
-            seconds.append(statistics.median(times))
+                plain = _seconds(lm, context, 0)
+                ratios.append(_seconds(lm, context, k) / plain)
+            curve.append(round(min(ratios), 3))
     finally:
         lm.reset()
-    return tuple(round(s / seconds[0], 3) for s in seconds)
+    return tuple(curve)
+
+
+def _seconds(lm: CausalLM, context: list[int], k: int) -> float:
+    """One pass over k + 1 positions: the cache keeps the context but its last token, which the pass feeds."""
+    token = context[-1]
+    start = time.perf_counter()
+    lm.score(context, [token] * k)
+    return time.perf_counter() - start
 
 
 def covers(curve: tuple[float, ...] | None, max_k: int) -> bool:
