@@ -150,7 +150,7 @@ class CalibrationStore:
 
     @staticmethod
     def key(models: str, cores: CoreLayout, k: int | str, machine: str) -> str:
-        """models: the models as loaded; k: the draft length measured (or "verify curve"); machine: what else the
+        """models: the models as loaded; k: the draft length measured (or verify_curve.STORE_KEY); machine: what else the
         costs depend on (devices.machine_id())."""
         from mirrorsd import __version__
 
@@ -243,7 +243,7 @@ class Calibrations:
         (verify_curve.known)."""
         if verify_curve.covers(verify_curve.known(target), max_k):
             return
-        kept = self._store_key("verify curve", self.target_id, cores)
+        kept = self._store_key(verify_curve.STORE_KEY, self.target_id, cores)
         curve = None if kept is None else self.store.get_curve(kept)
         if not verify_curve.covers(curve, max_k):
             curve = verify_curve.measure(target, min(max_k, verify_curve.MAX_K))

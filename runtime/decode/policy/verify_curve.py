@@ -17,6 +17,10 @@ CONTEXT_TOKENS = 32
 REPEATS = 2
 MAX_K = 16  # measured up to here; a longer draft's cost comes from the request's own passes (VerifyCosts)
 
+STORE_KEY = "verify curve, paired passes"
+"""What a CalibrationStore keeps the curve under (calibrate.py): named for how it is measured, so that a curve kept
+by an earlier way of measuring is measured afresh."""
+
 _curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

@@ -101,7 +101,7 @@ def test_the_verify_curve_is_measured_before_a_request_starts_and_kept_across_en
     engine = load(tiny_folder)
     stream = engine.stream("The quick brown fox", GenerationConfig(max_new_tokens=4))
     curve = verify_curve.known(engine.target)  # measured by stream(), before the request's first step
-    key = CalibrationStore.key(engine.calibrated.target_id, CoreLayout(), "verify curve", machine_id())  # the target's alone
+    key = CalibrationStore.key(engine.calibrated.target_id, CoreLayout(), verify_curve.STORE_KEY, machine_id())  # the target's alone
     assert curve is not None and curve[0] == 1.0 and tuple(json.loads(cache.read_text())[key]) == curve
     stream.close()
     engine.close()
@@ -128,7 +128,7 @@ def test_a_model_free_drafter_reads_the_targets_curve_back_too(cache, tiny_folde
 
     first = Engine.load(target=str(tiny_folder), draft="ngram", dtype="float32")
     first.prepare()
-    key = CalibrationStore.key(first.calibrated.target_id, CoreLayout(), "verify curve", machine_id())
+    key = CalibrationStore.key(first.calibrated.target_id, CoreLayout(), verify_curve.STORE_KEY, machine_id())
     assert tuple(json.loads(cache.read_text())[key]) == verify_curve.known(first.target)
     first.close()
     kept = (1.0,) + tuple(1.0 + k / 9 for k in range(1, 17))
