@@ -541,6 +541,21 @@ def simd_of(cpuinfo: str) -> str | None:
     return None
 
 
+def llama_cpp_simd(system_info: str) -> str | None:
+    """The widest vector instructions a llama.cpp build's kernels use, in simd_of's terms, from its system info
+    (`llama_print_system_info()`: "CPU : SSE3 = 1 | AVX2 = 1 | ..."). A build for less than the CPU has runs
+    that level's kernels (`LLAMA_CPP_LIB_PATH=$(bash scripts/build_llama_variant.sh avx2)`), so a report says so."""
+    on = {name.rpartition(":")[2].strip() for name, _, value in (item.partition("=") for item in system_info.split("|"))
+          if value.strip() == "1"}
+    if "AVX512" in on:
+        return "AVX-512"
+    if "AVX2" in on:
+        return "AVX2"
+    if "NEON" in on:
+        return "NEON" + "".join(f"+{name}" for flag, name in (("DOTPROD", "dotprod"), ("MATMUL_INT8", "i8mm")) if flag in on)
+    return None
+
+
 def machine_info() -> dict:
     """The machine, its CPU and the torch devices, as far as they can be read without privileges."""
     cpu = platform.processor() or platform.machine()
@@ -563,8 +578,19 @@ def machine_info() -> dict:
         providers = onnxruntime.get_available_providers()
     except ImportError:
         providers = None
-    return {"platform": platform.platform(), "cpu": cpu, "simd": simd_of(cpuinfo), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "torch_devices": devices, "onnxruntime_providers": providers}
+    llama_cpp = sys.modules.get("llama_cpp")  # loaded where a row ran on llama.cpp
+    built_for = llama_cpp_simd(llama_cpp.llama_print_system_info().decode(errors="replace")) if llama_cpp else None
+    return {"platform": platform.platform(), "cpu": cpu, "simd": simd_of(cpuinfo), "llama_cpp_simd": built_for,
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch_devices": devices,
+            "onnxruntime_providers": providers}
+
+
+def _simd(mach: dict) -> str:
+    """ (AVX-512), or (AVX-512; llama.cpp built for AVX2) where the loaded build uses less than the CPU has."""
+    simd, built = mach.get("simd"), mach.get("llama_cpp_simd")
+    if built and built != simd:
+        return f" ({simd or 'no SIMD'}; llama.cpp built for {built})"
+    return f" ({simd})" if simd else ""
 
 
 def versions() -> dict:
@@ -639,7 +665,7 @@ def markdown(report: dict) -> str:
     if report.get("verdict"):
         lines += [f"**{report['verdict']}**", ""]
     lines += [_title(report) + ".", "",
-              f"Machine: {mach['cpu']}{f' ({simd})' if (simd := mach.get('simd')) else ''}, {mach['cpu_count']} cores, {mach['torch_threads']} torch threads, "
+              f"Machine: {mach['cpu']}{_simd(mach)}, {mach['cpu_count']} cores, {mach['torch_threads']} torch threads, "
               f"{mach['platform']}; devices: {', '.join(mach['torch_devices'])}. Versions: "
               + ", ".join(f"{k} {val}" for k, val in v.items()) + ".", "",
               "Speedup columns are tok/s over target-only decoding on the same backend (ours, the row's "

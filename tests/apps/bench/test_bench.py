@@ -12,7 +12,7 @@ import pytest
 from conftest import make_model
 from mirrorsd import Engine
 from mirrorsd.apps.bench.runner import (QUICK, QUICK_ONLY, BenchOptions, Cell, _decode_speedup, _tps, doubts, machine_busy, own_load, run_bench,
-                                 simd_of, to_fetch, verdict)
+                                 _simd, llama_cpp_simd, machine_info, simd_of, to_fetch, verdict)
 from mirrorsd.apps.bench.configs import CONFIGS, ONNX_TARGET_ONLY, TARGET_ONLY, BenchConfig, ours
 from mirrorsd.apps.bench.prompt_suite import CATEGORIES, bundled_suite, load_workload
 from mirrorsd.errors import PromptError
@@ -221,6 +221,30 @@ def test_the_report_names_the_cpus_vector_instructions():
     assert simd_of("flags\t\t: fpu sse2 sse4_2\n") is None
     assert simd_of("Features\t: fp asimd evtstrm asimddp i8mm\n") == "NEON+dotprod+i8mm"
     assert simd_of("Features\t: fp asimd\n") == "NEON" and simd_of("") is None
+
+
+def test_the_report_names_the_llama_cpp_builds_vector_instructions_where_they_are_less():
+    """A build for less than the CPU has (the AVX2 variant on an AVX-512 machine) runs that level's kernels."""
+    native = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX_VNNI = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | "
+              "AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | ")
+    avx2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | REPACK = 1 | "
+    arm = "CPU : NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 | DOTPROD = 1 | MATMUL_INT8 = 0 | REPACK = 1 | "
+    assert [llama_cpp_simd(i) for i in (native, avx2, arm, "CPU : SSE3 = 1 | ", "")] == [
+        "AVX-512", "AVX2", "NEON+dotprod", None, None]
+    assert llama_cpp_simd("CPU : AVX2 = 0 | AVX = 1 | ") is None
+    assert _simd({"simd": "AVX-512", "llama_cpp_simd": "AVX2"}) == " (AVX-512; llama.cpp built for AVX2)"
+    assert _simd({"simd": "AVX2", "llama_cpp_simd": "AVX2"}) == _simd({"simd": "AVX2", "llama_cpp_simd": None}) == " (AVX2)"
+    assert _simd({"simd": None, "llama_cpp_simd": None}) == ""
+
+
+def test_the_loaded_llama_cpp_build_is_in_machine_info():
+    pytest.importorskip("llama_cpp")
+    import llama_cpp
+
+    info = machine_info()
+    assert info["llama_cpp_simd"] == llama_cpp_simd(llama_cpp.llama_print_system_info().decode())
+    if info["simd"] in ("AVX-512", "AVX2"):  # setup.sh builds for the CPU, the AVX2 variant for AVX2
+        assert info["llama_cpp_simd"] in ("AVX-512", "AVX2")
 
 
 def test_plots_are_valid_pngs(bench_report):
