@@ -395,11 +395,11 @@ def test_pin_devices_runs_every_mode_pinned_and_token_equal(tmp_path):
                                     max_new_tokens=16, repeats=1, pin_devices=True, out=str(tmp_path / "out")),
                        datastore=None)
     ran = [r["configuration"] for r in report["rows"]]
-    assert ran == [name for name in PINNED if "exported" not in name]  # no --draft-export given
+    assert ran == [name for name in PINNED if "exported" not in name], report["rows"]  # no --draft-export given
     assert all(r["greedy_equal_to_target_only"] is True for r in report["rows"]), report["rows"]
     assert report["settings"]["pin_devices"] is True and "separate compute" in report["settings"]["pinning"]
     overlap = next(r for r in report["rows"] if r["configuration"] == "draft model, overlap (ours)")
-    assert overlap["acceptance_rate"] > 0.5  # a self-draft: the draft side really drafted
+    assert overlap["acceptance_rate"] is not None and overlap["acceptance_rate"] > 0.5, overlap  # a self-draft drafted
 
 
 def test_only_runs_the_rows_a_chosen_row_is_compared_with():
