@@ -534,11 +534,20 @@ def simd_of(cpuinfo: str) -> str | None:
         key, _, value = line.partition(":")
         flags = set(value.split())
         if key.strip() == "flags":  # x86
-            return "AVX-512" if {"avx512f", "avx512bw"} <= flags else "AVX2" if "avx2" in flags else None
+            return _simd_name(avx512={"avx512f", "avx512bw"} <= flags, avx2="avx2" in flags)
         if key.strip() == "Features":  # arm64: asimd is NEON, asimddp its dot product
-            return "NEON" + "".join(f"+{name}" for flag, name in (("asimddp", "dotprod"), ("i8mm", "i8mm"))
-                                    if flag in flags) if "asimd" in flags else None
+            return _simd_name(neon="asimd" in flags, dotprod="asimddp" in flags, i8mm="i8mm" in flags)
     return None
+
+
+def _simd_name(avx512: bool = False, avx2: bool = False, neon: bool = False, dotprod: bool = False,
+               i8mm: bool = False) -> str | None:
+    """The widest of these, as a report names it: "AVX-512", "AVX2", "NEON" (+dotprod, +i8mm) or None."""
+    if avx512:
+        return "AVX-512"
+    if avx2:
+        return "AVX2"
+    return "NEON" + "+dotprod" * dotprod + "+i8mm" * i8mm if neon else None
 
 
 def llama_cpp_simd(system_info: str) -> str | None:
@@ -547,13 +556,8 @@ def llama_cpp_simd(system_info: str) -> str | None:
     that level's kernels (`LLAMA_CPP_LIB_PATH=$(bash scripts/build_llama_variant.sh avx2)`), so a report says so."""
     on = {name.rpartition(":")[2].strip() for name, _, value in (item.partition("=") for item in system_info.split("|"))
           if value.strip() == "1"}
-    if "AVX512" in on:
-        return "AVX-512"
-    if "AVX2" in on:
-        return "AVX2"
-    if "NEON" in on:
-        return "NEON" + "".join(f"+{name}" for flag, name in (("DOTPROD", "dotprod"), ("MATMUL_INT8", "i8mm")) if flag in on)
-    return None
+    return _simd_name(avx512="AVX512" in on, avx2="AVX2" in on, neon="NEON" in on, dotprod="DOTPROD" in on,
+                      i8mm="MATMUL_INT8" in on)
 
 
 def machine_info() -> dict:
